@@ -1,0 +1,117 @@
+/*
+ * The perf trampoline template (see Python/perf_trampoline.c).
+ *
+ * perf_trampoline.c copies the bytes between _Py_trampoline_func_start and
+ * _Py_trampoline_func_end once per Python code object, so that each Python
+ * function gets a native address range of its own that perf can name.  The
+ * template must therefore be position independent: it may not refer to
+ * anything outside itself, which is why the evaluator arrives as an argument
+ * instead of being called by name.  The equivalent C is
+ *
+ *     PyObject *
+ *     trampoline(PyThreadState *tstate, _PyInterpreterFrame *frame,
+ *                int throwflag, _PyFrameEvalFunction eval)
+ *     {
+ *         return eval(tstate, frame, throwflag);
+ *     }
+ *
+ * compiled with frame pointers and without tail calls: the template sets up
+ * a frame record of its own, so a frame-pointer unwinder walking out of
+ * _PyEval_EvalFrameDefault finds the trampoline's return address (and so
+ * its name) before it reaches the caller.  The unwind description that
+ * Python/perf_jit_trampoline.c emits for the perf_jit backend follows these
+ * instructions one by one; change both together.
+ */
+
+#if defined(__x86_64__)
+
+#if defined(__CET__) && (__CET__ & 1)
+#  define LANDING_PAD endbr64
+#else
+#  define LANDING_PAD
+#endif
+
+    .text
+    .globl  _Py_trampoline_func_start
+    .type   _Py_trampoline_func_start, @function
+    .p2align 4
+_Py_trampoline_func_start:
+    LANDING_PAD                 /* indirect call target under IBT */
+    push    %rbp                /* frame record: saved %rbp ...        */
+    mov     %rsp, %rbp          /* ... below the return address        */
+    call    *%rcx               /* eval(tstate, frame, throwflag)      */
+    pop     %rbp
+    ret
+    .globl  _Py_trampoline_func_end
+_Py_trampoline_func_end:
+    .size   _Py_trampoline_func_start, . - _Py_trampoline_func_start
+
+#if defined(__CET__)
+    /* Without this note, linking this object would strip IBT/SHSTK from
+       the whole binary. */
+    .section .note.gnu.property, "a"
+    .p2align 3
+    .long   4                   /* name size: "GNU\0" */
+    .long   16                  /* descriptor size */
+    .long   5                   /* NT_GNU_PROPERTY_TYPE_0 */
+    .asciz  "GNU"
+    .long   0xc0000002          /* GNU_PROPERTY_X86_FEATURE_1_AND */
+    .long   4                   /* property data size */
+    .long   (__CET__ & 3)       /* IBT = 1, SHSTK = 2 */
+    .long   0                   /* pad to 8 */
+#endif
+
+#elif defined(__aarch64__) && defined(__AARCH64EL__) && !defined(__ILP32__)
+
+#if defined(__ARM_FEATURE_BTI_DEFAULT) && __ARM_FEATURE_BTI_DEFAULT == 1
+#  define BTI_C hint #34        /* bti c */
+#  define FEATURE_BTI 1
+#else
+#  define BTI_C
+#  define FEATURE_BTI 0
+#endif
+#if defined(__ARM_FEATURE_PAC_DEFAULT) && (__ARM_FEATURE_PAC_DEFAULT & 1)
+#  define SIGN_LR hint #25      /* paciasp */
+#  define AUTH_LR hint #29      /* autiasp */
+#  define FEATURE_PAC 2
+#else
+#  define SIGN_LR
+#  define AUTH_LR
+#  define FEATURE_PAC 0
+#endif
+
+    .text
+    .globl  _Py_trampoline_func_start
+    .type   _Py_trampoline_func_start, %function
+    .p2align 4
+_Py_trampoline_func_start:
+    BTI_C                       /* indirect call target under BTI */
+    SIGN_LR                     /* sign x30 with sp as modifier */
+    stp     x29, x30, [sp, #-16]!   /* frame record: fp, lr */
+    mov     x29, sp
+    blr     x3                  /* eval(tstate, frame, throwflag) */
+    ldp     x29, x30, [sp], #16
+    AUTH_LR
+    ret
+    .globl  _Py_trampoline_func_end
+_Py_trampoline_func_end:
+    .size   _Py_trampoline_func_start, . - _Py_trampoline_func_start
+
+#if FEATURE_BTI || FEATURE_PAC
+    .section .note.gnu.property, "a"
+    .p2align 3
+    .long   4                   /* name size: "GNU\0" */
+    .long   16                  /* descriptor size */
+    .long   5                   /* NT_GNU_PROPERTY_TYPE_0 */
+    .asciz  "GNU"
+    .long   0xc0000000          /* GNU_PROPERTY_AARCH64_FEATURE_1_AND */
+    .long   4                   /* property data size */
+    .long   (FEATURE_BTI | FEATURE_PAC)
+    .long   0                   /* pad to 8 */
+#endif
+
+#else
+#  error "perf trampolines: no template for this architecture (configure should not have enabled them)"
+#endif
+
+    .section .note.GNU-stack, "", %progbits

@@ -1,0 +1,958 @@
+/*
+ * Perf trampolines: Python functions in native profilers
+ * ======================================================
+ *
+ * perf, and every tool that walks native stacks, sees a Python program as
+ * _PyEval_EvalFrameDefault calling itself: all Python functions run in the
+ * same C function, so their samples cannot be told apart.  We give each code
+ * object a tiny native function of its own, a *trampoline*, that calls the
+ * evaluator and returns.  The trampoline's address range is unique to the
+ * code object and we tell the profiler its name:
+ *
+ *     without                           with
+ *
+ *     _PyEval_EvalFrameDefault          _PyEval_EvalFrameDefault
+ *     _PyEval_EvalFrameDefault          py::parse:/srv/app.py       <- trampoline
+ *     _PyEval_EvalFrameDefault          _PyEval_EvalFrameDefault
+ *     main                              py::<module>:/srv/app.py    <- trampoline
+ *                                       main
+ *
+ * Trampolines are copies of the template in Python/asm_trampoline.S.  The
+ * template keeps a frame record (saved frame pointer + return address), so
+ * a frame-pointer unwinder steps from _PyEval_EvalFrameDefault into the
+ * trampoline and on into the caller.  That requires the interpreter to be
+ * built with frame pointers (configure's default when this is enabled); the
+ * perf_jit backend instead describes the trampolines with DWARF unwind info.
+ *
+ * Memory.  Trampolines live in arenas: an arena is mapped read-write, filled
+ * with template copies, then made read-execute (never writable and executable
+ * at once) and handed out slot by slot with a bump pointer:
+ *
+ *     arena: | template | template | template | ... | template |
+ *            ^ handed out            ^ next            ^ limit
+ *
+ * A slot, once handed out, belongs to its code object forever: some thread
+ * may still be running inside it (a frame that entered before a
+ * deactivation, a generator suspended in it), so arenas are never unmapped.
+ * The trampoline is found through a co_extra slot of the code object (one
+ * index per interpreter and backend), created on the first call.
+ *
+ * Entry.  The PEP 523 frame-evaluation hook, _PyPerfTrampoline_EvalFrame,
+ * runs every frame that goes through _PyEval_EvalFrame via its trampoline.
+ * Python-to-Python calls do not go through it: ceval.c keeps its
+ * specialized call instructions while our hook is installed and calls the
+ * callee's trampoline directly (_PyPerfTrampoline_ForCall), falling back to
+ * its ordinary inlined call when the C stack runs low.  Anything that fails
+ * here falls back to _PyEval_EvalFrameDefault: the hook never raises and
+ * never changes what the program does.
+ *
+ * Output.  A backend tells the profiler about each new trampoline: the perf
+ * map (/tmp/perf-<pid>.map, one "START SIZE NAME" line per trampoline, this
+ * file) or a jitdump (Python/perf_jit_trampoline.c).  perf reads those files
+ * at report time, long after the process is gone, so they are never removed.
+ * A forked child has a new pid, so it starts its own file holding everything
+ * it inherited.
+ *
+ * Everything here runs with the GIL held (3.11 has one GIL for all
+ * interpreters), which serializes all state changes and all file writes.
+ */
+
+#include "Python.h"
+#include "pycore_ceval.h"         // _PyPerfTrampoline_EvalFrame
+#include "pycore_code.h"          // _PyCodeObjectExtra
+#include "pycore_frame.h"         // _PyInterpreterFrame
+#include "pycore_initconfig.h"    // _Py_GetEnv()
+#include "pycore_interp.h"        // PyInterpreterState.eval_frame
+#include "pycore_pystate.h"       // _PyInterpreterState_GET()
+
+#ifdef PY_HAVE_PERF_TRAMPOLINE
+
+#include <errno.h>
+#include <fcntl.h>                // open()
+#include <pthread.h>              // pthread_getattr_np()
+#include <stdarg.h>
+#include <sys/mman.h>             // mmap(), mprotect()
+#include <sys/stat.h>             // fstat()
+#include <unistd.h>               // sysconf(), getpid()
+
+/* ----------------------------------------------------------------------
+ * Constants
+ */
+
+/* Bytes mapped per arena (rounded up to whole pages). */
+#define ARENA_SIZE (64 * 1024)
+
+/* Each trampoline starts on its own 16-byte boundary: branch targets. */
+#define SLOT_ALIGN 16
+
+/* Name budget in bytes (after escaping): a longer name is cut and ends in
+   "...".  Keeps every entry one bounded line. */
+#define MAX_QUALNAME 1024
+#define MAX_FILENAME 2048
+
+/* Fast-path calls may use at most this fraction of a thread's C stack;
+   the rest stays available as it would be without trampolines. */
+#define STACK_FRACTION_DENOMINATOR 2
+
+extern char _Py_trampoline_func_start[];
+extern char _Py_trampoline_func_end[];
+
+/* ----------------------------------------------------------------------
+ * State
+ */
+
+typedef enum {
+    PERF_STATUS_NO_INIT,          /* arenas not tried yet */
+    PERF_STATUS_OK,
+    PERF_STATUS_FAILED,           /* executable memory refused: decided once */
+} perf_status;
+
+/* An interpreter that activated trampolines at least once. */
+typedef struct {
+    int64_t interp_id;
+    const _PyPerf_Backend *backend;     /* active backend, NULL if none */
+    /* co_extra index per backend, -1 until requested */
+    Py_ssize_t extra_index[2];
+} perf_interp;
+
+static struct {
+    perf_status status;
+    int saved_errno;              /* why status is FAILED */
+    size_t code_size;             /* bytes of the template */
+    size_t slot_size;             /* code_size rounded up to SLOT_ALIGN */
+    char *next;                   /* next free slot in the current arena */
+    char *limit;                  /* end of the current arena */
+    size_t arena_count;
+    size_t trampoline_count;
+    int warned;                   /* a runtime failure was reported */
+    perf_interp *interps;
+    size_t interp_count;
+} perf_state;
+
+/* co_extra index for the main interpreter's active backend (-1 if none):
+   read on every fast-path call, so it lives outside the struct. */
+Py_ssize_t _PyPerfTrampoline_MainIndex = -1;
+
+/* The address below which a fast-path call on this thread takes the
+   inlined path instead; UINTPTR_MAX until the thread's stack is known. */
+_Py_PERF_TLS uintptr_t _PyPerfTrampoline_StackLimit = UINTPTR_MAX;
+static _Py_PERF_TLS int stack_limit_known;
+
+extern const _PyPerf_Backend _PyPerf_MapBackend;
+
+static const _PyPerf_Backend *const backends[] = {
+    &_PyPerf_MapBackend,
+#ifdef PY_HAVE_PERF_JIT_TRAMPOLINE
+    &_PyPerf_JitBackend,
+#endif
+};
+#define BACKEND_COUNT ((int)(sizeof(backends) / sizeof(backends[0])))
+
+static int
+backend_number(const _PyPerf_Backend *backend)
+{
+    for (int i = 0; i < BACKEND_COUNT; i++) {
+        if (backends[i] == backend) {
+            return i;
+        }
+    }
+    Py_UNREACHABLE();
+}
+
+/* ----------------------------------------------------------------------
+ * Files in /tmp, shared by the backends
+ */
+
+/* Print one line to stderr without running Python code: callers may be
+   inside the eval hook, where calling sys.stderr could re-enter it. */
+void
+_PyPerf_Warn(const char *format, ...)
+{
+    char line[512];
+    int n = PyOS_snprintf(line, sizeof(line) - 1, "Python perf trampolines: ");
+    va_list vargs;
+    va_start(vargs, format);
+    int m = PyOS_vsnprintf(line + n, sizeof(line) - 1 - n, format, vargs);
+    va_end(vargs);
+    n = (m < 0) ? n : Py_MIN(n + m, (int)sizeof(line) - 2);
+    line[n++] = '\n';
+    (void)_PyPerf_WriteAll(STDERR_FILENO, line, n);
+}
+
+int
+_PyPerf_WriteAll(int fd, const void *buf, size_t size)
+{
+    const char *p = buf;
+    while (size > 0) {
+        ssize_t n = write(fd, p, size);
+        if (n < 0) {
+            if (errno == EINTR) {
+                continue;
+            }
+            return -1;
+        }
+        if (n == 0) {
+            errno = ENOSPC;
+            return -1;
+        }
+        p += n;
+        size -= (size_t)n;
+    }
+    return 0;
+}
+
+/* Open this process's output file at `path` for appending, never following
+   a symlink, and make sure it is a plain file that we own and that nothing
+   else links to.  A file left by a dead process that had our pid is
+   emptied.  Returns an fd, or -1 with errno set. */
+int
+_PyPerf_OpenProcessFile(const char *path, int extra_flags)
+{
+    int fd = open(path, O_WRONLY | O_CREAT | O_NOFOLLOW | O_CLOEXEC
+                        | extra_flags, 0600);
+    if (fd < 0) {
+        return -1;
+    }
+    struct stat st;
+    if (fstat(fd, &st) < 0) {
+        goto error;
+    }
+    if (!S_ISREG(st.st_mode) || st.st_uid != geteuid()
+        || st.st_nlink != 1)
+    {
+        errno = EPERM;
+        goto error;
+    }
+    if (ftruncate(fd, 0) < 0) {
+        goto error;
+    }
+    return fd;
+
+error:;
+    int saved = errno;
+    close(fd);
+    errno = saved;
+    return -1;
+}
+
+/* Copy the first `size` bytes of the file open (write-only) at `fd` to
+   `out`, through a read-only descriptor of the same file. */
+int
+_PyPerf_CopyFile(int fd, off_t size, int out)
+{
+    char path[64];
+    PyOS_snprintf(path, sizeof(path), "/proc/self/fd/%d", fd);
+    int in = open(path, O_RDONLY | O_CLOEXEC);
+    if (in < 0) {
+        return -1;
+    }
+    char buf[16384];
+    off_t done = 0;
+    while (done < size) {
+        size_t want = (size_t)Py_MIN((off_t)sizeof(buf), size - done);
+        ssize_t n = pread(in, buf, want, done);
+        if (n < 0 && errno == EINTR) {
+            continue;
+        }
+        if (n <= 0 || _PyPerf_WriteAll(out, buf, (size_t)n) < 0) {
+            if (n == 0) {
+                errno = EIO;
+            }
+            int saved = errno;
+            close(in);
+            errno = saved;
+            return -1;
+        }
+        done += n;
+    }
+    close(in);
+    return 0;
+}
+
+/* ----------------------------------------------------------------------
+ * The perf map backend: /tmp/perf-<pid>.map
+ *
+ * One line per trampoline, "START SIZE NAME\n" with START and SIZE in hex
+ * without "0x", written with a single write() on an O_APPEND descriptor so
+ * lines never interleave.  perf reads it when it resolves samples.
+ */
+
+static struct {
+    int fd;                     /* -1 when closed */
+    off_t written;              /* bytes of whole lines in this pid's file */
+    char path[64];
+} perfmap = {.fd = -1};
+
+static int
+perfmap_open(char *path, size_t path_size)
+{
+    PyOS_snprintf(perfmap.path, sizeof(perfmap.path),
+                  "/tmp/perf-%ld.map", (long)getpid());
+    PyOS_snprintf(path, path_size, "%s", perfmap.path);
+    int fd = _PyPerf_OpenProcessFile(perfmap.path, O_APPEND);
+    if (fd < 0) {
+        return -1;
+    }
+    perfmap.fd = fd;
+    perfmap.written = 0;
+    return 0;
+}
+
+static int
+perfmap_init(char *path, size_t path_size)
+{
+    if (perfmap.fd >= 0) {
+        PyOS_snprintf(path, path_size, "%s", perfmap.path);
+        return 0;
+    }
+    return perfmap_open(path, path_size);
+}
+
+static int
+perfmap_write_entry(const void *code, size_t code_size,
+                    const char *name, size_t name_size)
+{
+    if (perfmap.fd < 0) {
+        errno = EBADF;
+        return -1;
+    }
+    char line[64 + _PyPerf_MAX_NAME];
+    int n = PyOS_snprintf(line, sizeof(line), "%" PRIxPTR " %zx ",
+                          (uintptr_t)code, code_size);
+    assert(n > 0 && (size_t)n + name_size + 1 <= sizeof(line));
+    memcpy(line + n, name, name_size);
+    n += (int)name_size;
+    line[n++] = '\n';
+    if (_PyPerf_WriteAll(perfmap.fd, line, n) < 0) {
+        return -1;
+    }
+    perfmap.written += n;
+    return 0;
+}
+
+static int
+perfmap_after_fork_child(char *path, size_t path_size)
+{
+    if (perfmap.fd < 0) {
+        return 0;
+    }
+    int parent_fd = perfmap.fd;
+    off_t parent_written = perfmap.written;
+    perfmap.fd = -1;
+    int res = perfmap_open(path, path_size);
+    if (res == 0 && parent_written > 0) {
+        res = _PyPerf_CopyFile(parent_fd, parent_written, perfmap.fd);
+        if (res == 0) {
+            perfmap.written = parent_written;
+        }
+    }
+    int saved = errno;
+    close(parent_fd);
+    errno = saved;
+    return res;
+}
+
+const _PyPerf_Backend _PyPerf_MapBackend = {
+    .name = "perf",
+    .init = perfmap_init,
+    .write_entry = perfmap_write_entry,
+    .after_fork_child = perfmap_after_fork_child,
+};
+
+/* ----------------------------------------------------------------------
+ * Arenas
+ */
+
+static int
+new_arena(void)
+{
+    long page = sysconf(_SC_PAGESIZE);
+    if (page <= 0) {
+        page = 4096;
+    }
+    size_t size = _Py_SIZE_ROUND_UP(ARENA_SIZE, (size_t)page);
+    char *mem = mmap(NULL, size, PROT_READ | PROT_WRITE,
+                     MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (mem == MAP_FAILED) {
+        return -1;
+    }
+    size_t count = size / perf_state.slot_size;
+    for (size_t i = 0; i < count; i++) {
+        memcpy(mem + i * perf_state.slot_size, _Py_trampoline_func_start,
+               perf_state.code_size);
+    }
+    if (mprotect(mem, size, PROT_READ | PROT_EXEC) < 0) {
+        int saved = errno;
+        munmap(mem, size);
+        errno = saved;
+        return -1;
+    }
+    __builtin___clear_cache(mem, mem + size);
+    perf_state.next = mem;
+    perf_state.limit = mem + count * perf_state.slot_size;
+    perf_state.arena_count++;
+    return 0;
+}
+
+/* Make sure executable memory can be had: the first arena.  The answer is
+   kept, so a refusal (e.g. SELinux execmem) is decided once. */
+static int
+init_arenas(void)
+{
+    if (perf_state.status == PERF_STATUS_NO_INIT) {
+        perf_state.code_size = _Py_trampoline_func_end
+                               - _Py_trampoline_func_start;
+        perf_state.slot_size = _Py_SIZE_ROUND_UP(perf_state.code_size,
+                                                 SLOT_ALIGN);
+        if (new_arena() < 0) {
+            perf_state.status = PERF_STATUS_FAILED;
+            perf_state.saved_errno = errno;
+        }
+        else {
+            perf_state.status = PERF_STATUS_OK;
+        }
+    }
+    if (perf_state.status == PERF_STATUS_FAILED) {
+        errno = perf_state.saved_errno;
+        return -1;
+    }
+    return 0;
+}
+
+static char *
+new_slot(void)
+{
+    if (perf_state.next == perf_state.limit && new_arena() < 0) {
+        return NULL;
+    }
+    char *slot = perf_state.next;
+    perf_state.next += perf_state.slot_size;
+    perf_state.trampoline_count++;
+    return slot;
+}
+
+/* ----------------------------------------------------------------------
+ * Names: "py::<qualname>:<filename>"
+ *
+ * Written byte by byte from the str's code points, so it cannot fail or
+ * raise: control characters (which could end a map line) become \xNN,
+ * lone surrogates (not encodable as UTF-8) become \uXXXX, everything else
+ * is UTF-8.  Each part has a byte budget.
+ */
+
+static size_t
+append_escaped(char *buf, size_t pos, size_t budget, PyObject *str)
+{
+    static const char hex[] = "0123456789abcdef";
+    size_t end = pos + budget;
+    if (!PyUnicode_Check(str) || PyUnicode_READY(str) < 0) {
+        buf[pos++] = '?';
+        return pos;
+    }
+    int kind = PyUnicode_KIND(str);
+    const void *data = PyUnicode_DATA(str);
+    Py_ssize_t length = PyUnicode_GET_LENGTH(str);
+    for (Py_ssize_t i = 0; i < length; i++) {
+        Py_UCS4 ch = PyUnicode_READ(kind, data, i);
+        char enc[8];
+        int n = 0;
+        if (ch < 0x20 || (ch >= 0x7f && ch < 0xa0)) {
+            enc[n++] = '\\';
+            enc[n++] = 'x';
+            enc[n++] = hex[(ch >> 4) & 0xf];
+            enc[n++] = hex[ch & 0xf];
+        }
+        else if (ch < 0x80) {
+            enc[n++] = (char)ch;
+        }
+        else if (ch < 0x800) {
+            enc[n++] = (char)(0xc0 | (ch >> 6));
+            enc[n++] = (char)(0x80 | (ch & 0x3f));
+        }
+        else if (Py_UNICODE_IS_SURROGATE(ch)) {
+            enc[n++] = '\\';
+            enc[n++] = 'u';
+            for (int shift = 12; shift >= 0; shift -= 4) {
+                enc[n++] = hex[(ch >> shift) & 0xf];
+            }
+        }
+        else if (ch < 0x10000) {
+            enc[n++] = (char)(0xe0 | (ch >> 12));
+            enc[n++] = (char)(0x80 | ((ch >> 6) & 0x3f));
+            enc[n++] = (char)(0x80 | (ch & 0x3f));
+        }
+        else {
+            enc[n++] = (char)(0xf0 | (ch >> 18));
+            enc[n++] = (char)(0x80 | ((ch >> 12) & 0x3f));
+            enc[n++] = (char)(0x80 | ((ch >> 6) & 0x3f));
+            enc[n++] = (char)(0x80 | (ch & 0x3f));
+        }
+        /* Keep room for "..." after any character. */
+        if (pos + n + 3 > end) {
+            memcpy(buf + pos, "...", 3);
+            return pos + 3;
+        }
+        memcpy(buf + pos, enc, n);
+        pos += n;
+    }
+    return pos;
+}
+
+/* Format the entry name of `co` into buf (no NUL); return its length.
+   buf must hold _PyPerf_MAX_NAME bytes. */
+size_t
+_PyPerf_FormatName(PyCodeObject *co, char *buf)
+{
+    size_t pos = 0;
+    memcpy(buf, "py::", 4);
+    pos = append_escaped(buf, 4, MAX_QUALNAME, co->co_qualname);
+    buf[pos++] = ':';
+    pos = append_escaped(buf, pos, MAX_FILENAME, co->co_filename);
+    assert(pos <= _PyPerf_MAX_NAME);
+    return pos;
+}
+
+_Static_assert(4 + MAX_QUALNAME + 1 + MAX_FILENAME <= _PyPerf_MAX_NAME,
+               "entry names fit _PyPerf_MAX_NAME");
+
+/* ----------------------------------------------------------------------
+ * Trampolines
+ */
+
+static perf_interp *
+find_interp(PyInterpreterState *interp)
+{
+    for (size_t i = 0; i < perf_state.interp_count; i++) {
+        if (perf_state.interps[i].interp_id == interp->id) {
+            return &perf_state.interps[i];
+        }
+    }
+    return NULL;
+}
+
+static inline _PyPerf_Trampoline
+lookup(PyCodeObject *co, Py_ssize_t index)
+{
+    _PyCodeObjectExtra *extra = (_PyCodeObjectExtra *)co->co_extra;
+    if (extra == NULL || index >= extra->ce_size) {
+        return NULL;
+    }
+    return (_PyPerf_Trampoline)extra->ce_extras[index];
+}
+
+static void
+report_failure(const char *what)
+{
+    if (!perf_state.warned) {
+        perf_state.warned = 1;
+        _PyPerf_Warn("%s: %s; functions without a trampoline run "
+                     "unnamed from now on", what, strerror(errno));
+    }
+}
+
+/* Give `co` a trampoline of its own and describe it to the backend.
+   Returns NULL (without an exception) if that cannot be done. */
+static _PyPerf_Trampoline
+compile_trampoline(PyCodeObject *co, const perf_interp *pi)
+{
+    if (perf_state.status != PERF_STATUS_OK) {
+        return NULL;
+    }
+    Py_ssize_t index = pi->extra_index[backend_number(pi->backend)];
+    char *slot = new_slot();
+    if (slot == NULL) {
+        report_failure("cannot map more executable memory");
+        return NULL;
+    }
+    /* _PyCode_SetExtra can fail (memory), and may set an exception then;
+       whatever exception the frame carries (throw()) must survive. */
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    int res = _PyCode_SetExtra((PyObject *)co, index, slot);
+    PyErr_Clear();
+    PyErr_Restore(type, value, tb);
+    if (res < 0) {
+        /* The slot stays unused: harmless, and rare. */
+        return NULL;
+    }
+    char name[_PyPerf_MAX_NAME];
+    size_t name_size = _PyPerf_FormatName(co, name);
+    if (pi->backend->write_entry(slot, perf_state.code_size,
+                                 name, name_size) < 0) {
+        report_failure("cannot write the profiler's map");
+    }
+    return (_PyPerf_Trampoline)slot;
+}
+
+static inline _PyPerf_Trampoline
+trampoline_for(PyInterpreterState *interp, PyCodeObject *co)
+{
+    Py_ssize_t index;
+    if (interp->id == 0 && _PyPerfTrampoline_MainIndex >= 0) {
+        index = _PyPerfTrampoline_MainIndex;
+        _PyPerf_Trampoline t = lookup(co, index);
+        if (t != NULL) {
+            return t;
+        }
+    }
+    perf_interp *pi = find_interp(interp);
+    if (pi == NULL || pi->backend == NULL) {
+        return NULL;
+    }
+    index = pi->extra_index[backend_number(pi->backend)];
+    _PyPerf_Trampoline t = lookup(co, index);
+    if (t != NULL) {
+        return t;
+    }
+    return compile_trampoline(co, pi);
+}
+
+/* The PEP 523 hook: run the frame through its code object's trampoline. */
+PyObject *
+_PyPerfTrampoline_EvalFrame(PyThreadState *tstate,
+                            _PyInterpreterFrame *frame, int throwflag)
+{
+    _PyPerf_Trampoline t = trampoline_for(tstate->interp, frame->f_code);
+    if (t == NULL) {
+        return _PyEval_EvalFrameDefault(tstate, frame, throwflag);
+    }
+    return t(tstate, frame, throwflag, _PyEval_EvalFrameDefault);
+}
+
+/* ----------------------------------------------------------------------
+ * The fast path's C stack budget
+ *
+ * 3.11 runs Python-to-Python calls without using the C stack.  The fast
+ * path puts one native frame per call back (trampoline + evaluator), so it
+ * may only be taken while the thread has stack to spare: below the limit
+ * computed here the call is inlined as usual (those frames then merge into
+ * their caller in a profile, and the program behaves as without perf).
+ */
+
+static void
+compute_stack_limit(void)
+{
+    stack_limit_known = 1;
+    pthread_attr_t attr;
+    void *low;
+    size_t size;
+    if (pthread_getattr_np(pthread_self(), &attr) != 0) {
+        return;   /* unknown: this thread never takes the fast path */
+    }
+    int err = pthread_attr_getstack(&attr, &low, &size);
+    pthread_attr_destroy(&attr);
+    if (err != 0 || size == 0) {
+        return;
+    }
+    /* The stack grows down from low + size. */
+    _PyPerfTrampoline_StackLimit = (uintptr_t)low + size
+                                   - size / STACK_FRACTION_DENOMINATOR;
+}
+
+_PyPerf_Trampoline
+_PyPerfTrampoline_ForCallSlow(PyThreadState *tstate, PyCodeObject *co,
+                              uintptr_t sp)
+{
+    if (!stack_limit_known) {
+        compute_stack_limit();
+    }
+    if (sp < _PyPerfTrampoline_StackLimit) {
+        return NULL;
+    }
+    return trampoline_for(tstate->interp, co);
+}
+
+/* ----------------------------------------------------------------------
+ * Activation
+ */
+
+static const _PyPerf_Backend *
+find_backend(const char *name)
+{
+    for (int i = 0; i < BACKEND_COUNT; i++) {
+        if (strcmp(backends[i]->name, name) == 0) {
+            return backends[i];
+        }
+    }
+    return NULL;
+}
+
+static perf_interp *
+add_interp(PyInterpreterState *interp)
+{
+    perf_interp *pi = find_interp(interp);
+    if (pi != NULL) {
+        return pi;
+    }
+    size_t n = perf_state.interp_count + 1;
+    perf_interp *table = PyMem_RawRealloc(perf_state.interps,
+                                          n * sizeof(perf_interp));
+    if (table == NULL) {
+        PyErr_NoMemory();
+        return NULL;
+    }
+    perf_state.interps = table;
+    pi = &table[perf_state.interp_count];
+    perf_state.interp_count = n;
+    pi->interp_id = interp->id;
+    pi->backend = NULL;
+    for (int i = 0; i < (int)Py_ARRAY_LENGTH(pi->extra_index); i++) {
+        pi->extra_index[i] = -1;
+    }
+    return pi;
+}
+
+int
+_PyPerfTrampoline_Activate(PyThreadState *tstate, const char *name)
+{
+    PyInterpreterState *interp = tstate->interp;
+    const _PyPerf_Backend *backend = find_backend(name);
+    if (backend == NULL) {
+        PyErr_Format(PyExc_ValueError,
+                     "invalid stack trampoline backend: '%s' (available: %s)",
+                     name, _PyPerfTrampoline_BACKEND_NAMES);
+        return -1;
+    }
+    if (interp->eval_frame != NULL
+        && interp->eval_frame != _PyPerfTrampoline_EvalFrame)
+    {
+        PyErr_SetString(PyExc_RuntimeError,
+                        "cannot activate the stack trampoline: another "
+                        "frame evaluation function (PEP 523) is installed");
+        return -1;
+    }
+    if (init_arenas() < 0) {
+        PyErr_Format(PyExc_OSError,
+                     "cannot map executable memory for trampolines: %s",
+                     strerror(errno));
+        return -1;
+    }
+    char path[256];
+    path[0] = '\0';
+    if (backend->init(path, sizeof(path)) < 0) {
+        PyErr_SetFromErrnoWithFilename(PyExc_OSError, path);
+        return -1;
+    }
+    perf_interp *pi = add_interp(interp);
+    if (pi == NULL) {
+        return -1;
+    }
+    int b = backend_number(backend);
+    if (pi->extra_index[b] < 0) {
+        pi->extra_index[b] = _PyEval_RequestCodeExtraIndex(NULL);
+        if (pi->extra_index[b] < 0) {
+            PyErr_SetString(PyExc_RuntimeError,
+                            "cannot activate the stack trampoline: no free "
+                            "code object extra slot (PEP 523)");
+            return -1;
+        }
+    }
+    pi->backend = backend;
+    if (interp->id == 0) {
+        _PyPerfTrampoline_MainIndex = pi->extra_index[b];
+    }
+    _PyInterpreterState_SetEvalFrameFunc(interp, _PyPerfTrampoline_EvalFrame);
+    return 0;
+}
+
+int
+_PyPerfTrampoline_Deactivate(PyThreadState *tstate)
+{
+    PyInterpreterState *interp = tstate->interp;
+    /* Only unhook: frames may still be running inside trampolines. */
+    if (interp->eval_frame == _PyPerfTrampoline_EvalFrame) {
+        _PyInterpreterState_SetEvalFrameFunc(interp, NULL);
+    }
+    perf_interp *pi = find_interp(interp);
+    if (pi != NULL) {
+        pi->backend = NULL;
+    }
+    if (interp->id == 0) {
+        _PyPerfTrampoline_MainIndex = -1;
+    }
+    return 0;
+}
+
+int
+_PyPerfTrampoline_IsActive(PyThreadState *tstate)
+{
+    return tstate->interp->eval_frame == _PyPerfTrampoline_EvalFrame;
+}
+
+void
+_PyPerfTrampoline_FiniInterp(PyInterpreterState *interp)
+{
+    /* Forget the interpreter: a later one may have the same id (the main
+       interpreter after Py_Finalize + Py_Initialize), with fresh co_extra
+       indexes. */
+    perf_interp *pi = find_interp(interp);
+    if (pi == NULL) {
+        return;
+    }
+    if (interp->id == 0) {
+        _PyPerfTrampoline_MainIndex = -1;
+    }
+    size_t i = pi - perf_state.interps;
+    memmove(pi, pi + 1, (perf_state.interp_count - i - 1) * sizeof(*pi));
+    perf_state.interp_count--;
+}
+
+void
+_PyPerfTrampoline_AfterForkChild(void)
+{
+    for (int i = 0; i < BACKEND_COUNT; i++) {
+        char path[256];
+        path[0] = '\0';
+        if (backends[i]->after_fork_child(path, sizeof(path)) < 0) {
+            _PyPerf_Warn("cannot start %s for the child process: %s",
+                         path, strerror(errno));
+        }
+    }
+}
+
+#else   /* !PY_HAVE_PERF_TRAMPOLINE */
+
+int
+_PyPerfTrampoline_Activate(PyThreadState *tstate, const char *name)
+{
+    PyErr_Format(PyExc_ValueError,
+                 "stack trampolines ('%s') are not available: this Python "
+                 "was built without perf trampoline support", name);
+    return -1;
+}
+
+int
+_PyPerfTrampoline_Deactivate(PyThreadState *tstate)
+{
+    return 0;
+}
+
+int
+_PyPerfTrampoline_IsActive(PyThreadState *tstate)
+{
+    return 0;
+}
+
+void
+_PyPerfTrampoline_FiniInterp(PyInterpreterState *interp)
+{
+}
+
+void
+_PyPerfTrampoline_AfterForkChild(void)
+{
+}
+
+#endif  /* PY_HAVE_PERF_TRAMPOLINE */
+
+/* ----------------------------------------------------------------------
+ * Startup: -X perf, -X perf_jit, PYTHONPERFSUPPORT, PYTHON_PERF_JIT_SUPPORT
+ *
+ * The environment is read only when the configuration allows it (not under
+ * -E or -I); an -X option overrides the environment, and the last -X option
+ * wins.  Activation problems are a warning, never a startup failure.
+ */
+
+/* Parse "1"/"0" style values; -1 if invalid. */
+static int
+parse_switch(const char *value)
+{
+    if (value == NULL || strcmp(value, "1") == 0) {
+        return 1;
+    }
+    if (strcmp(value, "0") == 0) {
+        return 0;
+    }
+    return -1;
+}
+
+static PyStatus
+requested_backend(const PyConfig *config, const char **backend)
+{
+    static const struct {
+        const char *env;
+        const char *xoption;
+        const char *backend;
+    } switches[] = {
+        {"PYTHONPERFSUPPORT", "perf", "perf"},
+        {"PYTHON_PERF_JIT_SUPPORT", "perf_jit", "perf_jit"},
+    };
+    *backend = NULL;
+    for (size_t i = 0; i < Py_ARRAY_LENGTH(switches); i++) {
+        const char *value = _Py_GetEnv(config->use_environment,
+                                       switches[i].env);
+        if (value == NULL) {
+            continue;
+        }
+        int on = parse_switch(value);
+        if (on < 0) {
+            return _PyStatus_ERR("invalid value of PYTHONPERFSUPPORT or "
+                                 "PYTHON_PERF_JIT_SUPPORT: expected 0 or 1");
+        }
+        if (on) {
+            *backend = switches[i].backend;
+        }
+    }
+    for (Py_ssize_t j = 0; j < config->xoptions.length; j++) {
+        const wchar_t *opt = config->xoptions.items[j];
+        for (size_t i = 0; i < Py_ARRAY_LENGTH(switches); i++) {
+            size_t len = strlen(switches[i].xoption);
+            int match = 1;
+            for (size_t k = 0; k < len; k++) {
+                if (opt[k] != (wchar_t)switches[i].xoption[k]) {
+                    match = 0;
+                    break;
+                }
+            }
+            if (!match || (opt[len] != L'\0' && opt[len] != L'=')) {
+                continue;
+            }
+            const wchar_t *value = opt[len] == L'=' ? opt + len + 1 : NULL;
+            int on = (value == NULL ? 1
+                      : wcscmp(value, L"1") == 0 ? 1
+                      : wcscmp(value, L"0") == 0 ? 0 : -1);
+            if (on < 0) {
+                return _PyStatus_ERR("invalid -X perf or -X perf_jit value: "
+                                     "expected -X perf, -X perf=0 or "
+                                     "-X perf=1 (likewise perf_jit)");
+            }
+            *backend = on ? switches[i].backend : NULL;
+        }
+    }
+    return _PyStatus_OK();
+}
+
+PyStatus
+_PyPerfTrampoline_InitFromConfig(PyThreadState *tstate)
+{
+    const PyConfig *config = _PyInterpreterState_GetConfig(tstate->interp);
+    const char *backend;
+    PyStatus status = requested_backend(config, &backend);
+    if (_PyStatus_EXCEPTION(status) || backend == NULL) {
+        return status;
+    }
+    if (_PyPerfTrampoline_Activate(tstate, backend) < 0) {
+        /* Profiling support must never stop the program. */
+        PyObject *type, *value, *tb;
+        PyErr_Fetch(&type, &value, &tb);
+        PyObject *msg = value != NULL ? PyObject_Str(value) : NULL;
+        const char *text = msg != NULL ? PyUnicode_AsUTF8(msg) : NULL;
+        PyErr_Clear();
+#ifdef PY_HAVE_PERF_TRAMPOLINE
+        _PyPerf_Warn("-X %s disabled: %s", backend,
+                     text != NULL ? text : "unknown error");
+#else
+        (void)text;
+        if (_Py_IsMainInterpreter(tstate->interp)) {
+            PySys_FormatStderr("Python: -X %s is not supported on this "
+                               "platform or build; ignored\n", backend);
+        }
+#endif
+        Py_XDECREF(msg);
+        Py_XDECREF(type);
+        Py_XDECREF(value);
+        Py_XDECREF(tb);
+        PyErr_Clear();
+    }
+    return _PyStatus_OK();
+}

@@ -1,0 +1,86 @@
+#!/bin/bash
+# Assemble build/cpython: the pristine 3.11.2 source as one commit (tag
+# "pristine"), then our overlay files, patches and the regenerated configure
+# as a second commit (tag "overlay").  The new commit is built in a private
+# index and checked out with one "git reset", so files whose content did not
+# change keep their timestamps and an incremental build stays incremental.
+# Edits in the tree that were not exported are never thrown away.
+set -euo pipefail
+. "$(dirname "$0")/lib.sh"
+
+say() { echo "assemble: $*" >&2; }
+git_t() { git -C "$TREE" "$@"; }
+
+new_tree() {
+    local tarball
+    tarball=$("$ROOT/tools/fetch-source.sh")
+    say "unpacking $(basename "$tarball") into $TREE"
+    rm -rf "$TREE"
+    mkdir -p "$TREE"
+    tar -xzf "$tarball" -C "$TREE" --strip-components=1
+    git_t init -q
+    git_t config user.name "perf-trampolines"
+    git_t config user.email "perf-trampolines@localhost"
+    git_t config core.autocrlf false
+    cp "$ROOT/tools/tree-exclude" "$TREE/.git/info/exclude"
+    git_t add -A
+    git_t commit -q -m "Pristine CPython 3.11.2"
+    git_t tag pristine
+}
+
+# True if the tree holds nothing beyond what it was last assembled from or
+# exported to (the stamp).
+tree_is_exported() {
+    if [ "$(git_t rev-parse HEAD)" = "$(git_t rev-parse -q --verify 'overlay^{commit}' || true)" ] &&
+       [ -z "$(git_t status --porcelain)" ]; then
+        return 0
+    fi
+    [ "$("$ROOT/tools/export.sh" --hash 2>/dev/null)" = "$(cat "$stamp" 2>/dev/null)" ]
+}
+
+make_overlay_commit() {
+    local index=$TREE/.git/overlay-index work f mode
+    rm -f "$index"
+    work=$(mktemp -d)
+    trap 'rm -rf "$work"; rm -f "$index"' RETURN
+    export GIT_INDEX_FILE=$index
+    git_t read-tree pristine
+    while read -r f; do
+        mode=100644; [ -x "$ROOT/$f" ] && mode=100755
+        git_t update-index --add --cacheinfo "$mode,$(git_t hash-object -w "$ROOT/$f"),$f"
+    done < <(overlay_files)
+    while read -r f; do
+        git_t apply --cached --whitespace=nowarn "$ROOT/$f" ||
+            { say "error: $f does not apply to the pristine source"; exit 1; }
+    done < <(patch_files)
+    git_t checkout-index --prefix="$work/" configure.ac aclocal.m4
+    say "regenerating configure with autoconf 2.69"
+    (cd "$work" && autoconf2.69 && autoheader2.69) ||
+        { say "error: autoconf2.69 failed (tools/install-deps.sh installs it)"; exit 1; }
+    git_t update-index --add --cacheinfo "100755,$(git_t hash-object -w "$work/configure"),configure"
+    git_t update-index --add --cacheinfo "100644,$(git_t hash-object -w "$work/pyconfig.h.in"),pyconfig.h.in"
+    git_t commit-tree "$(git_t write-tree)" -p pristine -m "Overlay and patches"
+    unset GIT_INDEX_FILE
+}
+
+stamp=$TREE/.git/overlay-inputs
+want=$(inputs_hash)
+if [ -d "$TREE/.git" ] && git_t rev-parse -q --verify pristine >/dev/null; then
+    if [ "$(cat "$stamp" 2>/dev/null)" = "$want" ] && [ "${1:-}" != --force ]; then
+        exit 0
+    fi
+    if ! tree_is_exported; then
+        say "error: $TREE has edits that are not exported to the repository."
+        say "Run 'make export' to keep them (or discard them with"
+        say "'git -C $TREE reset --hard overlay'), then run this again."
+        exit 1
+    fi
+else
+    new_tree
+fi
+
+commit=$(make_overlay_commit)
+git_t reset -q --hard "$commit"
+git_t tag -f overlay "$commit" >/dev/null
+echo "$want" >"$stamp"
+say "$TREE is pristine 3.11.2 + $(overlay_files | wc -l) overlay files + $(patch_files | wc -l) patches"

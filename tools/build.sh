@@ -1,0 +1,29 @@
+#!/bin/bash
+# Configure (when the tree or the arguments changed) and build a CPython
+# tree in place: tools/build.sh DIR [CONFIGURE ARGS...]
+set -euo pipefail
+dir=$1; shift
+args="$*"
+stamp=$dir/.git/configure-args
+nproc=$(nproc 2>/dev/null || echo 2)
+
+if [ ! -f "$dir/Makefile" ] || [ "$(cat "$stamp" 2>/dev/null)" != "$args" ]; then
+    echo "build: configuring $dir ${args:+($args)}" >&2
+    (cd "$dir" && ./configure -q "$@" >configure.out 2>&1) || {
+        tail -30 "$dir/configure.out" >&2
+        echo "build: configure failed; full log in $dir/config.log" >&2
+        exit 1
+    }
+    echo "$args" >"$stamp"
+fi
+# CPython's own Makefile re-runs config.status when configure changed.
+if make -C "$dir" -q -s python >/dev/null 2>&1 && [ -x "$dir/python" ]; then
+    exit 0
+fi
+echo "build: compiling $dir with $nproc jobs (about 2 minutes from scratch)" >&2
+make -C "$dir" -s -j"$nproc" >"$dir/build.log" 2>&1 || {
+    grep -E 'error|Error' "$dir/build.log" | head -30 >&2
+    echo "build: make failed; full log in $dir/build.log" >&2
+    exit 1
+}
+echo "build: $("$dir/python" -c 'import sys; print(sys.version.split()[0])') at $dir/python" >&2

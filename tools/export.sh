@@ -1,0 +1,81 @@
+#!/bin/bash
+# Write the changes in build/cpython against its pristine tag back to the
+# repository: new files to the overlay at their CPython paths, each changed
+# upstream file to patches/<path>.patch.  Output is deterministic (sorted,
+# no index lines, no timestamps) and files are only rewritten when their
+# content changes, so exporting an unchanged tree changes nothing.
+#   --check   write nothing; exit 1 if the repository differs from the tree.
+#   --hash    write nothing; print the hash of what export would write.
+set -euo pipefail
+. "$(dirname "$0")/lib.sh"
+
+check=0
+case "${1:-}" in
+--check) check=1 ;;
+--hash) check=2 ;;
+esac
+git_t() { git -C "$TREE" "$@"; }
+say() { echo "export: $*" >&2; }
+
+git_t rev-parse -q --verify pristine >/dev/null ||
+    { say "error: $TREE is not an assembled tree (run 'make tree')"; exit 1; }
+
+stage=$(mktemp -d)
+trap 'rm -rf "$stage"' EXIT
+
+is_generated() {
+    local g
+    for g in "${GENERATED[@]}"; do [ "$1" = "$g" ] && return 0; done
+    return 1
+}
+
+{
+    git_t diff --name-status --no-renames pristine
+    git_t ls-files --others --exclude-standard | sed 's/^/A\t/'
+} | LC_ALL=C sort -t$'\t' -k2 -u | while IFS=$'\t' read -r status path; do
+    is_generated "$path" && continue
+    if [ "$status" = A ] && ! git_t cat-file -e "pristine:$path" 2>/dev/null; then
+        mkdir -p "$stage/$(dirname "$path")"
+        cp -p "$TREE/$path" "$stage/$path"
+    else
+        mkdir -p "$stage/patches/$(dirname "$path")"
+        git_t diff --no-color --no-ext-diff --no-renames --src-prefix=a/ \
+            --dst-prefix=b/ pristine -- "$path" |
+            sed '/^index [0-9a-f]*\.\.[0-9a-f]*/d' >"$stage/patches/$path.patch"
+    fi
+done
+
+if [ $check = 2 ]; then
+    inputs_hash "$stage"
+    exit 0
+fi
+
+# What the repository holds now, and what it should hold.
+current=$( { overlay_files; patch_files; } )
+wanted=$(cd "$stage" && find . -type f | sed 's|^\./||' | LC_ALL=C sort)
+
+changed=0
+for f in $wanted; do
+    if ! cmp -s "$stage/$f" "$ROOT/$f" ||
+       [ "$(stat -c %a "$stage/$f")" != "$(stat -c %a "$ROOT/$f" 2>/dev/null)" ]; then
+        changed=1
+        [ $check = 1 ] && { say "differs: $f"; continue; }
+        mkdir -p "$ROOT/$(dirname "$f")"
+        cp -p "$stage/$f" "$ROOT/$f"
+        say "wrote $f"
+    fi
+done
+for f in $current; do
+    if ! printf '%s\n' "$wanted" | grep -qxF "$f"; then
+        changed=1
+        [ $check = 1 ] && { say "not in tree: $f"; continue; }
+        rm -f "$ROOT/$f"
+        say "removed $f"
+    fi
+done
+if [ $check = 1 ]; then
+    exit $changed
+fi
+[ $changed = 0 ] && say "nothing to export: the repository matches $TREE"
+# Keep the assemble stamp in step: the tree already is what the repo says.
+echo "$(inputs_hash)" >"$TREE/.git/overlay-inputs"

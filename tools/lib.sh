@@ -1,0 +1,30 @@
+# Shared definitions for the tree tools (sourced, not run).
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+TREE=${TREE:-$ROOT/build/cpython}
+# Top-level directories of the CPython tree: files under these in the
+# repository are overlay files, copied into the tree at the same path.
+OVERLAY_DIRS=(Doc Grammar Include Lib Mac Misc Modules Objects PC PCbuild
+              Parser Programs Python Tools)
+# Regenerated from the patched configure.ac, never exported.
+GENERATED=(configure pyconfig.h.in)
+
+overlay_files() {
+    local d
+    (cd "${1:-$ROOT}" && for d in "${OVERLAY_DIRS[@]}"; do
+        [ -d "$d" ] && find "$d" -type f
+    done | LC_ALL=C sort)
+}
+
+patch_files() {
+    (cd "${1:-$ROOT}" && [ -d patches ] && find patches -type f -name '*.patch' | LC_ALL=C sort)
+}
+
+# A hash of the overlay and patches under a directory (default: the
+# repository): what an assembled tree is made from.
+inputs_hash() {
+    local dir=${1:-$ROOT}
+    { overlay_files "$dir"; patch_files "$dir"; } | while read -r f; do
+        printf '%s %s %s\n' "$f" "$(stat -c %a "$dir/$f")" \
+            "$(sha256sum <"$dir/$f" | cut -c1-64)"
+    done | sha256sum | cut -c1-64
+}
