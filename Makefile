@@ -37,5 +37,8 @@ build: tree
 test: build
 	@tools/run-tests.sh
 
+demo: build
+	@tools/demo.sh
+
 clean:
 	rm -rf build
