@@ -96,6 +96,16 @@
    3.11 needs no C stack for Python-to-Python calls at all. */
 #define STACK_BUDGET_DIVISOR 4
 
+/* Where the template has BTI landing pads, ask for them to be enforced in
+   the arenas as they are in the interpreter's own text (a kernel without
+   BTI support refuses PROT_BTI with EINVAL: the arena then goes without). */
+#if defined(__aarch64__) && defined(__ARM_FEATURE_BTI_DEFAULT) \
+    && defined(PROT_BTI)
+#  define ARENA_PROT (PROT_READ | PROT_EXEC | PROT_BTI)
+#else
+#  define ARENA_PROT (PROT_READ | PROT_EXEC)
+#endif
+
 extern char _Py_trampoline_func_start[];
 extern char _Py_trampoline_func_end[];
 
@@ -106,15 +116,26 @@ extern char _Py_trampoline_func_end[];
 typedef enum {
     PERF_STATUS_NO_INIT,          /* arenas not tried yet */
     PERF_STATUS_OK,
-    PERF_STATUS_FAILED,           /* executable memory refused: decided once */
+    PERF_STATUS_FAILED,           /* no executable memory: decided once */
 } perf_status;
+
+extern const _PyPerf_Backend _PyPerf_MapBackend;
+
+static const _PyPerf_Backend *const backends[] = {
+    &_PyPerf_MapBackend,
+#ifdef PY_HAVE_PERF_JIT_TRAMPOLINE
+    &_PyPerf_JitBackend,
+#endif
+};
+#define BACKEND_COUNT ((int)(sizeof(backends) / sizeof(backends[0])))
 
 /* An interpreter that activated trampolines at least once. */
 typedef struct {
     int64_t interp_id;
     const _PyPerf_Backend *backend;     /* active backend, NULL if none */
-    /* co_extra index per backend, -1 until requested */
-    Py_ssize_t extra_index[2];
+    /* co_extra index per backend (each backend's trampolines are described
+       in its own output), -1 until requested */
+    Py_ssize_t extra_index[BACKEND_COUNT];
 } perf_interp;
 
 static struct {
@@ -139,16 +160,6 @@ Py_ssize_t _PyPerfTrampoline_MainIndex = -1;
    inlined path instead; UINTPTR_MAX until the thread's stack is known. */
 _Py_PERF_TLS uintptr_t _PyPerfTrampoline_StackLimit = UINTPTR_MAX;
 static _Py_PERF_TLS int stack_limit_known;
-
-extern const _PyPerf_Backend _PyPerf_MapBackend;
-
-static const _PyPerf_Backend *const backends[] = {
-    &_PyPerf_MapBackend,
-#ifdef PY_HAVE_PERF_JIT_TRAMPOLINE
-    &_PyPerf_JitBackend,
-#endif
-};
-#define BACKEND_COUNT ((int)(sizeof(backends) / sizeof(backends[0])))
 
 static int
 backend_number(const _PyPerf_Backend *backend)
@@ -383,7 +394,11 @@ new_arena(void)
         memcpy(mem + i * perf_state.slot_size, _Py_trampoline_func_start,
                perf_state.code_size);
     }
-    if (mprotect(mem, size, PROT_READ | PROT_EXEC) < 0) {
+    if (mprotect(mem, size, ARENA_PROT) < 0
+        && (ARENA_PROT == (PROT_READ | PROT_EXEC)
+            || errno != EINVAL
+            || mprotect(mem, size, PROT_READ | PROT_EXEC) < 0))
+    {
         int saved = errno;
         munmap(mem, size);
         errno = saved;
@@ -425,6 +440,9 @@ static char *
 new_slot(void)
 {
     if (perf_state.next == perf_state.limit && new_arena() < 0) {
+        /* Don't try again for every new code object. */
+        perf_state.status = PERF_STATUS_FAILED;
+        perf_state.saved_errno = errno;
         return NULL;
     }
     char *slot = perf_state.next;
