@@ -214,15 +214,17 @@ _PyPerf_WriteAll(int fd, const void *buf, size_t size)
     return 0;
 }
 
-/* Open this process's output file at `path` for appending, never following
+/* Open this process's output file at `path` for writing, never following
    a symlink, and make sure it is a plain file that we own and that nothing
-   else links to.  A file left by a dead process that had our pid is
-   emptied.  Returns an fd, or -1 with errno set. */
+   else links to; it is made private (0600).  A file left by a dead process
+   that had our pid is emptied.  Returns an fd, or -1 with errno set. */
 int
 _PyPerf_OpenProcessFile(const char *path, int extra_flags)
 {
+    /* O_NONBLOCK: opening a FIFO planted at the path must fail (ENXIO)
+       or be refused below, never wait for a reader. */
     int fd = open(path, O_WRONLY | O_CREAT | O_NOFOLLOW | O_CLOEXEC
-                        | extra_flags, 0600);
+                        | O_NONBLOCK | extra_flags, 0600);
     if (fd < 0) {
         return -1;
     }
@@ -236,7 +238,8 @@ _PyPerf_OpenProcessFile(const char *path, int extra_flags)
         errno = EPERM;
         goto error;
     }
-    if (ftruncate(fd, 0) < 0) {
+    /* A file that already existed keeps the mode it was created with. */
+    if (fchmod(fd, 0600) < 0 || ftruncate(fd, 0) < 0) {
         goto error;
     }
     return fd;
@@ -436,17 +439,23 @@ init_arenas(void)
     return 0;
 }
 
+/* Hand out a trampoline that owns `span` bytes of address space: one slot,
+   or several consecutive ones (the first holds the trampoline). */
 static char *
-new_slot(void)
+new_slot(size_t span)
 {
-    if (perf_state.next == perf_state.limit && new_arena() < 0) {
+    size_t size = _Py_SIZE_ROUND_UP(Py_MAX(span, perf_state.code_size),
+                                    perf_state.slot_size);
+    if ((size_t)(perf_state.limit - perf_state.next) < size
+        && new_arena() < 0)
+    {
         /* Don't try again for every new code object. */
         perf_state.status = PERF_STATUS_FAILED;
         perf_state.saved_errno = errno;
         return NULL;
     }
     char *slot = perf_state.next;
-    perf_state.next += perf_state.slot_size;
+    perf_state.next += size;
     perf_state.trampoline_count++;
     return slot;
 }
@@ -560,13 +569,14 @@ lookup(PyCodeObject *co, Py_ssize_t index)
     return (_PyPerf_Trampoline)extra->ce_extras[index];
 }
 
+/* Report the first run-time failure (errno says why) on stderr; the
+   program goes on either way. */
 static void
 report_failure(const char *what)
 {
     if (!perf_state.warned) {
         perf_state.warned = 1;
-        _PyPerf_Warn("%s: %s; functions without a trampoline run "
-                     "unnamed from now on", what, strerror(errno));
+        _PyPerf_Warn("%s: %s", what, strerror(errno));
     }
 }
 
@@ -579,9 +589,14 @@ compile_trampoline(PyCodeObject *co, const perf_interp *pi)
         return NULL;
     }
     Py_ssize_t index = pi->extra_index[backend_number(pi->backend)];
-    char *slot = new_slot();
+    size_t span = perf_state.code_size;
+    if (pi->backend->span != NULL) {
+        span = pi->backend->span(perf_state.code_size);
+    }
+    char *slot = new_slot(span);
     if (slot == NULL) {
-        report_failure("cannot map more executable memory");
+        report_failure("cannot map more executable memory; functions "
+                       "called from now on get no trampoline");
         return NULL;
     }
     /* _PyCode_SetExtra can fail (memory), and may set an exception then;
@@ -599,7 +614,8 @@ compile_trampoline(PyCodeObject *co, const perf_interp *pi)
     size_t name_size = _PyPerf_FormatName(co, name);
     if (pi->backend->write_entry(slot, perf_state.code_size,
                                  name, name_size) < 0) {
-        report_failure("cannot write the profiler's map");
+        report_failure("cannot write the profiler's file; new functions "
+                       "are missing from it");
     }
     return (_PyPerf_Trampoline)slot;
 }
@@ -882,70 +898,65 @@ _PyPerfTrampoline_AfterForkChild(void)
  * wins.  Activation problems are a warning, never a startup failure.
  */
 
-/* Parse "1"/"0" style values; -1 if invalid. */
-static int
-parse_switch(const char *value)
-{
-    if (value == NULL || strcmp(value, "1") == 0) {
-        return 1;
-    }
-    if (strcmp(value, "0") == 0) {
-        return 0;
-    }
-    return -1;
-}
-
-static PyStatus
-requested_backend(const PyConfig *config, const char **backend)
+/* Which backend, if any, the configuration asks for.  Each backend has an
+ * -X option and an environment variable; the -X option (the last one, if
+ * repeated) decides for its backend, the variable only when there is no
+ * such option.  If both backends end up on, perf_jit is used.  Invalid
+ * values are configuration errors: initconfig.c checks them with the rest
+ * of the configuration, before anything runs.
+ */
+PyStatus
+_PyPerfTrampoline_ConfigBackend(const PyConfig *config, const char **backend)
 {
     static const struct {
-        const char *env;
-        const char *xoption;
         const char *backend;
+        const wchar_t *xoption;
+        const char *env;
+        const char *xoption_error;
+        const char *env_error;
     } switches[] = {
-        {"PYTHONPERFSUPPORT", "perf", "perf"},
-        {"PYTHON_PERF_JIT_SUPPORT", "perf_jit", "perf_jit"},
+        {"perf", L"perf", "PYTHONPERFSUPPORT",
+         "-X perf: invalid value; use -X perf, -X perf=1 or -X perf=0",
+         "PYTHONPERFSUPPORT: invalid value; expected an integer "
+         "(0 to disable)"},
+        {"perf_jit", L"perf_jit", "PYTHON_PERF_JIT_SUPPORT",
+         "-X perf_jit: invalid value; use -X perf_jit, -X perf_jit=1 or "
+         "-X perf_jit=0",
+         "PYTHON_PERF_JIT_SUPPORT: invalid value; expected an integer "
+         "(0 to disable)"},
     };
     *backend = NULL;
     for (size_t i = 0; i < Py_ARRAY_LENGTH(switches); i++) {
-        const char *value = _Py_GetEnv(config->use_environment,
-                                       switches[i].env);
-        if (value == NULL) {
-            continue;
+        size_t len = wcslen(switches[i].xoption);
+        int on = -1;
+        for (Py_ssize_t j = 0; j < config->xoptions.length; j++) {
+            const wchar_t *opt = config->xoptions.items[j];
+            if (wcsncmp(opt, switches[i].xoption, len) != 0
+                || (opt[len] != L'\0' && opt[len] != L'='))
+            {
+                continue;
+            }
+            if (opt[len] == L'\0' || wcscmp(opt + len + 1, L"1") == 0) {
+                on = 1;
+            }
+            else if (wcscmp(opt + len + 1, L"0") == 0) {
+                on = 0;
+            }
+            else {
+                return _PyStatus_ERR(switches[i].xoption_error);
+            }
         }
-        int on = parse_switch(value);
         if (on < 0) {
-            return _PyStatus_ERR("invalid value of PYTHONPERFSUPPORT or "
-                                 "PYTHON_PERF_JIT_SUPPORT: expected 0 or 1");
+            const char *value = _Py_GetEnv(config->use_environment,
+                                           switches[i].env);
+            int number = 0;
+            if (value != NULL && _Py_str_to_int(value, &number) != 0) {
+                return _PyStatus_ERR(switches[i].env_error);
+            }
+            on = (number != 0);
         }
         if (on) {
             *backend = switches[i].backend;
-        }
-    }
-    for (Py_ssize_t j = 0; j < config->xoptions.length; j++) {
-        const wchar_t *opt = config->xoptions.items[j];
-        for (size_t i = 0; i < Py_ARRAY_LENGTH(switches); i++) {
-            size_t len = strlen(switches[i].xoption);
-            int match = 1;
-            for (size_t k = 0; k < len; k++) {
-                if (opt[k] != (wchar_t)switches[i].xoption[k]) {
-                    match = 0;
-                    break;
-                }
-            }
-            if (!match || (opt[len] != L'\0' && opt[len] != L'=')) {
-                continue;
-            }
-            const wchar_t *value = opt[len] == L'=' ? opt + len + 1 : NULL;
-            int on = (value == NULL ? 1
-                      : wcscmp(value, L"1") == 0 ? 1
-                      : wcscmp(value, L"0") == 0 ? 0 : -1);
-            if (on < 0) {
-                return _PyStatus_ERR("invalid -X perf or -X perf_jit value: "
-                                     "expected -X perf, -X perf=0 or "
-                                     "-X perf=1 (likewise perf_jit)");
-            }
-            *backend = on ? switches[i].backend : NULL;
         }
     }
     return _PyStatus_OK();
@@ -956,32 +967,34 @@ _PyPerfTrampoline_InitFromConfig(PyThreadState *tstate)
 {
     const PyConfig *config = _PyInterpreterState_GetConfig(tstate->interp);
     const char *backend;
-    PyStatus status = requested_backend(config, &backend);
+    PyStatus status = _PyPerfTrampoline_ConfigBackend(config, &backend);
     if (_PyStatus_EXCEPTION(status) || backend == NULL) {
         return status;
     }
-    if (_PyPerfTrampoline_Activate(tstate, backend) < 0) {
-        /* Profiling support must never stop the program. */
-        PyObject *type, *value, *tb;
-        PyErr_Fetch(&type, &value, &tb);
-        PyObject *msg = value != NULL ? PyObject_Str(value) : NULL;
-        const char *text = msg != NULL ? PyUnicode_AsUTF8(msg) : NULL;
-        PyErr_Clear();
-#ifdef PY_HAVE_PERF_TRAMPOLINE
-        _PyPerf_Warn("-X %s disabled: %s", backend,
-                     text != NULL ? text : "unknown error");
-#else
-        (void)text;
-        if (_Py_IsMainInterpreter(tstate->interp)) {
-            PySys_FormatStderr("Python: -X %s is not supported on this "
-                               "platform or build; ignored\n", backend);
-        }
-#endif
-        Py_XDECREF(msg);
-        Py_XDECREF(type);
-        Py_XDECREF(value);
-        Py_XDECREF(tb);
-        PyErr_Clear();
+    if (_PyPerfTrampoline_Activate(tstate, backend) == 0) {
+        return _PyStatus_OK();
     }
+    /* Profiling support must never stop the program: one line, go on. */
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    PyObject *msg = value != NULL ? PyObject_Str(value) : NULL;
+    const char *text = msg != NULL ? PyUnicode_AsUTF8(msg) : NULL;
+    PyErr_Clear();
+#ifdef PY_HAVE_PERF_TRAMPOLINE
+    _PyPerf_Warn("cannot enable the '%s' backend at startup (%s); "
+                 "running without it", backend,
+                 text != NULL ? text : "unknown error");
+#else
+    (void)text;
+    if (_Py_IsMainInterpreter(tstate->interp)) {
+        PySys_FormatStderr("Python: perf trampolines ('%s') are not "
+                           "supported by this build; ignored\n", backend);
+    }
+#endif
+    Py_XDECREF(msg);
+    Py_XDECREF(type);
+    Py_XDECREF(value);
+    Py_XDECREF(tb);
+    PyErr_Clear();
     return _PyStatus_OK();
 }

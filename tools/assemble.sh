@@ -63,10 +63,23 @@ make_overlay_commit() {
     unset GIT_INDEX_FILE
 }
 
+# configure is generated from configure.ac; when a developer edits
+# configure.ac inside the tree, regenerate it there.
+configure_ac_hash() { sha256sum <"$TREE/configure.ac" | cut -c1-64; }
+regen_configure_in_tree() {
+    [ "$(configure_ac_hash)" = "$(cat "$TREE/.git/configure-ac" 2>/dev/null)" ] && return 0
+    say "configure.ac changed: regenerating configure with autoconf 2.69"
+    (cd "$TREE" && autoconf2.69 && autoheader2.69 && rm -rf autom4te.cache pyconfig.h.in~) ||
+        { say "error: autoconf2.69 failed"; exit 1; }
+    configure_ac_hash >"$TREE/.git/configure-ac"
+}
+
 stamp=$TREE/.git/overlay-inputs
 want=$(inputs_hash)
 if [ -d "$TREE/.git" ] && git_t rev-parse -q --verify pristine >/dev/null; then
+    cp "$ROOT/tools/tree-exclude" "$TREE/.git/info/exclude"
     if [ "$(cat "$stamp" 2>/dev/null)" = "$want" ] && [ "${1:-}" != --force ]; then
+        regen_configure_in_tree
         exit 0
     fi
     if ! tree_is_exported; then
@@ -83,4 +96,5 @@ commit=$(make_overlay_commit)
 git_t reset -q --hard "$commit"
 git_t tag -f overlay "$commit" >/dev/null
 echo "$want" >"$stamp"
+configure_ac_hash >"$TREE/.git/configure-ac"
 say "$TREE is pristine 3.11.2 + $(overlay_files | wc -l) overlay files + $(patch_files | wc -l) patches"

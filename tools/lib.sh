@@ -1,6 +1,6 @@
 # Shared definitions for the tree tools (sourced, not run).
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-TREE=${TREE:-$ROOT/build/cpython}
+TREE=$(realpath -m "${TREE:-$ROOT/build/cpython}")
 # Top-level directories of the CPython tree: files under these in the
 # repository are overlay files, copied into the tree at the same path.
 OVERLAY_DIRS=(Doc Grammar Include Lib Mac Misc Modules Objects PC PCbuild

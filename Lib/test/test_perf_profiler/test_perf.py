@@ -1,0 +1,1400 @@
+"""Perf map backend: switches, the sys API, the map file, and what perf,
+gdb and the program itself see with trampolines on.
+
+Each test runs the interpreter in a subprocess and checks its output and
+the /tmp/perf-<pid>.map it leaves behind.
+"""
+
+import os
+import re
+import stat
+import sys
+import textwrap
+import unittest
+
+from test.test_perf_profiler.util import (
+    PerfTestCase, clean_env, gdb_available, gdb_backtrace, map_path,
+    parse_map, perf_record_works, record_samples, write_script)
+
+EVAL = "_PyEval_EvalFrameDefault"
+
+
+class MapFormatTests(PerfTestCase):
+    """Lines of the map and the names in them."""
+
+    NAMES_SCRIPT = """\
+        import asyncio
+
+        def plain():
+            return 1
+
+        def outer():
+            def inner():
+                return 2
+            return inner()
+
+        class Klass:
+            def method(self):
+                return 3
+
+            @classmethod
+            def cmethod(cls):
+                return 4
+
+            @staticmethod
+            def smethod():
+                return 5
+
+            class Nested:
+                def deep(self):
+                    return 6
+
+        def gen():
+            yield 7
+
+        async def coro():
+            return 8
+
+        async def agen():
+            yield 9
+
+        async def drive():
+            await coro()
+            return [x async for x in agen()]
+
+        def comprehensions():
+            return ([x for x in range(2)], {x for x in range(2)},
+                    {x: x for x in range(2)}, list(x for x in range(2)))
+
+        plain()
+        outer()
+        k = Klass()
+        k.method(); Klass.cmethod(); Klass.smethod(); Klass.Nested().deep()
+        (lambda: 10)()
+        list(gen())
+        asyncio.run(drive())
+        comprehensions()
+        [y for y in range(3)]
+        print("done")
+        """
+
+    def names(self):
+        result = self.run_script(self.NAMES_SCRIPT, python_args=["-X", "perf"])
+        self.assertEqual(result.stdout, "done\n")
+        return result, result.script_names()
+
+    def test_every_line_well_formed(self):
+        result = self.run_script(self.NAMES_SCRIPT, python_args=["-X", "perf"])
+        with open(map_path(result.pid), encoding="utf-8") as f:
+            text = f.read()
+        lines = text.splitlines()
+        self.assertGreater(len(lines), 10)
+        self.assertTrue(text.endswith("\n"))
+        for line in lines:
+            self.assertRegex(line, r"^[0-9a-f]+ [0-9a-f]+ py::.+$")
+            self.assertNotIn("0x", line.split(" py::")[0])
+        entries = parse_map(text)
+        # Each trampoline has a range of its own.
+        spans = sorted((e.start, e.start + e.size) for e in entries)
+        for (_, end), (start, _) in zip(spans, spans[1:]):
+            self.assertLessEqual(end, start)
+        for entry in entries:
+            self.assertGreater(entry.size, 0)
+            self.assertNotEqual(entry.start, 0)
+
+    def test_names_of_functions_and_methods(self):
+        _, names = self.names()
+        for name in ("plain", "outer", "outer.<locals>.inner", "Klass",
+                     "Klass.method", "Klass.cmethod", "Klass.smethod",
+                     "Klass.Nested", "Klass.Nested.deep"):
+            self.assertIn(name, names)
+
+    def test_names_of_lambdas_and_comprehensions(self):
+        _, names = self.names()
+        for name in ("<lambda>", "<listcomp>",
+                     "comprehensions.<locals>.<listcomp>",
+                     "comprehensions.<locals>.<setcomp>",
+                     "comprehensions.<locals>.<dictcomp>",
+                     "comprehensions.<locals>.<genexpr>",
+                     "drive.<locals>.<listcomp>"):
+            self.assertIn(name, names)
+
+    def test_names_of_module_generators_and_coroutines(self):
+        _, names = self.names()
+        for name in ("<module>", "gen", "coro", "agen", "drive"):
+            self.assertIn(name, names)
+
+    def test_each_code_object_mapped_once(self):
+        result = self.run_script("""\
+            def f(x):
+                return x + 1
+            for i in range(1000):
+                f(i)
+            fs = [eval(compile("lambda: 0", "<lambdas>", "eval"))
+                  for _ in range(3)]
+            for g in fs:
+                g(); g()
+            """, python_args=["-X", "perf"])
+        names = result.script_names()
+        self.assertEqual(names.count("f"), 1)
+        self.assertEqual(names.count("<module>"), 1)
+        # Three distinct code objects with the same name: three entries.
+        lambdas = [e for e in result.map_entries()
+                   if e.symbol == "py::<lambda>:<lambdas>"]
+        self.assertEqual(len(lambdas), 3)
+
+    def test_filename_is_the_script_path(self):
+        module_path = write_script(self.tmpdir, """\
+            def helper():
+                return 1
+            """, "helpermod.py")
+        result = self.run_script("""\
+            import helpermod
+            def main():
+                return helpermod.helper()
+            main()
+            """, python_args=["-X", "perf"])
+        entries = result.map_entries()
+        by_symbol = {e.symbol for e in entries}
+        self.assertIn(f"py::main:{result.path}", by_symbol)
+        self.assertIn(f"py::<module>:{result.path}", by_symbol)
+        self.assertIn(f"py::helper:{module_path}", by_symbol)
+        self.assertTrue(os.path.isabs(result.path))
+
+    def test_names_escaped(self):
+        result = self.run_script("""\
+            def f():
+                return 1
+            g = type(f)(f.__code__.replace(co_qualname="a\\nb\\tc"), {})
+            h = type(f)(f.__code__.replace(co_qualname="s\\udc80t\\u00e9"),
+                        {})
+            g(); h()
+            """, python_args=["-X", "perf"])
+        names = result.script_names()
+        self.assertIn("a\\x0ab\\x09c", names)
+        self.assertIn("s\\udc80t\u00e9", names)
+
+    def test_long_names_capped(self):
+        result = self.run_script("""\
+            def f():
+                return 1
+            g = type(f)(f.__code__.replace(co_qualname="q" * 5000,
+                                           co_filename="/" + "d" * 5000),
+                        {})
+            g()
+            """, python_args=["-X", "perf"])
+        entries = [e for e in result.map_entries()
+                   if e.qualname.startswith("q" * 100)]
+        self.assertEqual(len(entries), 1)
+        qualname, filename = entries[0].qualname, entries[0].filename
+        self.assertTrue(qualname.endswith("..."), qualname[-20:])
+        self.assertLessEqual(len(qualname.encode()), 1024)
+        self.assertEqual(qualname.rstrip("."), "q" * (len(qualname) - 3))
+        self.assertTrue(filename.startswith("/ddd"))
+        self.assertTrue(filename.endswith("..."), filename[-20:])
+        self.assertLessEqual(len(filename.encode()), 2048)
+
+
+class SwitchTests(PerfTestCase):
+    """-X perf, PYTHONPERFSUPPORT, and which one wins."""
+
+    PROBE = """\
+        import sys
+        def probe():
+            return 1
+        probe()
+        print(sys.is_stack_trampoline_active())
+        """
+
+    def probe(self, python_args=(), **env):
+        """Run PROBE; return (active, was probe() mapped)."""
+        result = self.run_script(self.PROBE, python_args=python_args,
+                                 env=clean_env(**env))
+        self.assertIn(result.stdout, ("True\n", "False\n"))
+        active = result.stdout == "True\n"
+        try:
+            mapped = "probe" in result.script_names()
+        except FileNotFoundError:
+            mapped = False
+        self.assertEqual(result.stderr, "")
+        return active, mapped
+
+    def test_off_by_default(self):
+        result = self.run_script(self.PROBE)
+        self.assertEqual(result.stdout, "False\n")
+        self.assertFalse(os.path.exists(map_path(result.pid)))
+
+    def test_xoption(self):
+        self.assertEqual(self.probe(["-X", "perf"]), (True, True))
+        self.assertEqual(self.probe(["-X", "perf=1"]), (True, True))
+
+    def test_env_var(self):
+        self.assertEqual(self.probe(PYTHONPERFSUPPORT="1"), (True, True))
+        # Any nonzero integer, as for the other PYTHON* switches.
+        self.assertEqual(self.probe(PYTHONPERFSUPPORT="2"), (True, True))
+
+    def test_env_var_zero(self):
+        self.assertEqual(self.probe(PYTHONPERFSUPPORT="0"), (False, False))
+
+    def test_xoption_zero_overrides_env_var(self):
+        self.assertEqual(self.probe(["-X", "perf=0"], PYTHONPERFSUPPORT="1"),
+                         (False, False))
+
+    def test_xoption_overrides_env_var_zero(self):
+        self.assertEqual(self.probe(["-X", "perf"], PYTHONPERFSUPPORT="0"),
+                         (True, True))
+
+    def test_last_xoption_wins(self):
+        self.assertEqual(self.probe(["-X", "perf", "-X", "perf=0"]),
+                         (False, False))
+        self.assertEqual(self.probe(["-X", "perf=0", "-X", "perf"]),
+                         (True, True))
+
+    def test_env_var_ignored_under_E_and_I(self):
+        self.assertEqual(self.probe(["-E"], PYTHONPERFSUPPORT="1"),
+                         (False, False))
+        self.assertEqual(self.probe(["-I"], PYTHONPERFSUPPORT="1"),
+                         (False, False))
+        # -X options still count in isolated mode.
+        self.assertEqual(self.probe(["-I", "-X", "perf"]), (True, True))
+
+    def assertStartupError(self, result, switch):
+        """The interpreter refused to start, naming `switch`."""
+        self.assertEqual(result.returncode, 1)
+        self.assertEqual(result.stdout, "")
+        fatal = [line for line in result.stderr.splitlines()
+                 if line.startswith("Fatal Python error: ")]
+        self.assertEqual(len(fatal), 1, result.stderr)
+        self.assertIn(switch, fatal[0])
+        self.assertIn("invalid", fatal[0])
+        self.assertFalse(os.path.exists(map_path(result.pid)))
+
+    def test_invalid_xoption_fails_at_startup(self):
+        for value in ("2", "yes", ""):
+            with self.subTest(value=value):
+                result = self.run_script(self.PROBE, check=False,
+                                         python_args=["-X", f"perf={value}"])
+                self.assertStartupError(result, "-X perf")
+
+    def test_invalid_env_var_fails_at_startup(self):
+        for value in ("abc", "true", "1.5", "0x1"):
+            with self.subTest(value=value):
+                result = self.run_script(
+                    self.PROBE, check=False,
+                    env=clean_env(PYTHONPERFSUPPORT=value))
+                self.assertStartupError(result, "PYTHONPERFSUPPORT")
+        # Empty means unset, as for every PYTHON* variable.
+        self.assertEqual(self.probe(PYTHONPERFSUPPORT=""), (False, False))
+        # Under -E the variable is not read at all.
+        self.assertEqual(self.probe(["-E"], PYTHONPERFSUPPORT="abc"),
+                         (False, False))
+
+    def test_sys_deactivate_overrides_xoption(self):
+        result = self.run_script("""\
+            import sys
+            def before():
+                return 1
+            before()
+            print(sys.is_stack_trampoline_active())
+            sys.deactivate_stack_trampoline()
+            print(sys.is_stack_trampoline_active())
+            def after():
+                return 2
+            after()
+            """, python_args=["-X", "perf"])
+        self.assertEqual(result.stdout, "True\nFalse\n")
+        names = result.script_names()
+        self.assertIn("before", names)
+        self.assertNotIn("after", names)
+
+    def test_sys_activate_under_xoption_zero(self):
+        result = self.run_script("""\
+            import sys
+            print(sys.is_stack_trampoline_active())
+            sys.activate_stack_trampoline("perf")
+            def f():
+                return 1
+            f()
+            print(sys.is_stack_trampoline_active())
+            """, python_args=["-X", "perf=0"],
+            env=clean_env(PYTHONPERFSUPPORT="1"))
+        self.assertEqual(result.stdout, "False\nTrue\n")
+        self.assertEqual(result.script_names(), ["f"])
+
+
+class SysApiTests(PerfTestCase):
+    """sys.activate_stack_trampoline() and friends."""
+
+    def test_activate_deactivate_is_active(self):
+        result = self.run_script("""\
+            import sys
+            print(sys.is_stack_trampoline_active())
+            print(sys.activate_stack_trampoline("perf"))
+            print(sys.is_stack_trampoline_active())
+            print(sys.deactivate_stack_trampoline())
+            print(sys.is_stack_trampoline_active())
+            """)
+        self.assertEqual(result.stdout, "False\nNone\nTrue\nNone\nFalse\n")
+
+    def test_only_code_run_while_active_is_mapped(self):
+        result = self.run_script("""\
+            import sys
+            def before_only():
+                return 1
+            def before_and_during():
+                return 2
+            def during():
+                return before_and_during() + 1
+            def after_only():
+                return 4
+            def generator():
+                yield 1
+                yield 2
+            before_only()
+            before_and_during()
+            g = generator()
+            next(g)
+            sys.activate_stack_trampoline("perf")
+            during()
+            sys.deactivate_stack_trampoline()
+            after_only()
+            next(g)
+            """)
+        names = result.script_names()
+        self.assertEqual(sorted(names), ["before_and_during", "during"])
+
+    def test_reactivation(self):
+        result = self.run_script("""\
+            import sys
+            def first():
+                return 1
+            def second():
+                return 2
+            sys.activate_stack_trampoline("perf")
+            first()
+            sys.deactivate_stack_trampoline()
+            sys.activate_stack_trampoline("perf")
+            first()
+            second()
+            print(sys.is_stack_trampoline_active())
+            """)
+        self.assertEqual(result.stdout, "True\n")
+        self.assertEqual(result.script_names(), ["first", "second"])
+
+    def test_unknown_backend(self):
+        result = self.run_script("""\
+            import sys
+            for backend in ("nope", "", "PERF", "perf "):
+                try:
+                    sys.activate_stack_trampoline(backend)
+                except ValueError as exc:
+                    print("ValueError", exc)
+            print(sys.is_stack_trampoline_active())
+            """)
+        lines = result.stdout.splitlines()
+        self.assertEqual(len(lines), 5, result.stdout)
+        for line, backend in zip(lines, ("nope", "", "PERF", "perf ")):
+            self.assertTrue(line.startswith(
+                f"ValueError invalid stack trampoline backend: '{backend}'"),
+                line)
+            self.assertIn("'perf'", line)
+        self.assertEqual(lines[-1], "False")
+        self.assertFalse(os.path.exists(map_path(result.pid)))
+
+    def test_non_str_backend(self):
+        result = self.run_script("""\
+            import sys
+            for backend in (None, 1, b"perf", ["perf"]):
+                try:
+                    sys.activate_stack_trampoline(backend)
+                except TypeError as exc:
+                    print("TypeError")
+            for call in (lambda: sys.activate_stack_trampoline(),
+                         lambda: sys.activate_stack_trampoline("perf", "x"),
+                         lambda: sys.activate_stack_trampoline(backend="perf"),
+                         lambda: sys.deactivate_stack_trampoline(1),
+                         lambda: sys.is_stack_trampoline_active(1)):
+                try:
+                    call()
+                except TypeError as exc:
+                    print("TypeError")
+            print(sys.is_stack_trampoline_active())
+            """)
+        self.assertEqual(result.stdout, "TypeError\n" * 9 + "False\n")
+
+    def test_activate_twice(self):
+        result = self.run_script("""\
+            import sys
+            def f():
+                return 1
+            sys.activate_stack_trampoline("perf")
+            f()
+            sys.activate_stack_trampoline("perf")
+            f()
+            def g():
+                return 2
+            g()
+            print(sys.is_stack_trampoline_active())
+            """)
+        self.assertEqual(result.stdout, "True\n")
+        self.assertEqual(result.script_names(), ["f", "g"])
+
+    def test_deactivate_when_inactive(self):
+        result = self.run_script("""\
+            import sys
+            sys.deactivate_stack_trampoline()
+            sys.deactivate_stack_trampoline()
+            print(sys.is_stack_trampoline_active())
+            sys.activate_stack_trampoline("perf")
+            sys.deactivate_stack_trampoline()
+            sys.deactivate_stack_trampoline()
+            print(sys.is_stack_trampoline_active())
+            """)
+        self.assertEqual(result.stdout, "False\nFalse\n")
+
+    def test_deactivate_and_activate_inside_running_frames(self):
+        # Frames that entered through a trampoline return through it
+        # after deactivation; frames that entered without one return
+        # normally after activation.
+        result = self.run_script("""\
+            import sys
+            def down(n, switch):
+                if n == 0:
+                    switch()
+                    return 0
+                return down(n - 1, switch) + 1
+            def gen():
+                yield sys.is_stack_trampoline_active()
+                yield sys.is_stack_trampoline_active()
+            g = gen()
+            print(next(g), down(50, sys.deactivate_stack_trampoline))
+            print(next(g), down(50, lambda: sys.activate_stack_trampoline(
+                "perf")))
+            print(down(50, sys.deactivate_stack_trampoline),
+                  sys.is_stack_trampoline_active())
+            try:
+                down(20, lambda: [sys.activate_stack_trampoline("perf"),
+                                  1 / 0])
+            except ZeroDivisionError:
+                print("unwound", sys.is_stack_trampoline_active())
+            """, python_args=["-X", "perf"])
+        self.assertEqual(result.stdout,
+                         "True 50\nFalse 50\n50 False\nunwound True\n")
+
+    def test_another_eval_frame_hook(self):
+        result = self.run_script("""\
+            import sys
+            import _testinternalcapi
+            _testinternalcapi.set_eval_frame_record([])
+            try:
+                sys.activate_stack_trampoline("perf")
+            except RuntimeError as exc:
+                print("RuntimeError", exc)
+            _testinternalcapi.set_eval_frame_default()
+            print(sys.is_stack_trampoline_active())
+            """)
+        self.assertEqual(
+            result.stdout,
+            "RuntimeError cannot activate the stack trampoline: another "
+            "frame evaluation function (PEP 523) is installed\nFalse\n")
+
+
+class MapFileTests(PerfTestCase):
+    """Where the map is written, and what it refuses to write to."""
+
+    def test_no_writable_and_executable_mapping(self):
+        # 5000 trampolines need more than one arena.
+        result = self.run_script("""\
+            import sys
+            source = "".join(f"def f{i}(): return {i}\\n"
+                             for i in range(5000))
+            namespace = {}
+            exec(compile(source, __file__, "exec"), namespace)
+            total = sum(namespace[f"f{i}"]() for i in range(5000))
+            assert sys.is_stack_trampoline_active()
+            with open("/proc/self/maps") as f:
+                sys.stdout.write(f.read())
+            """, python_args=["-X", "perf"])
+        mappings = []
+        for line in result.stdout.splitlines():
+            addresses, perms = line.split()[:2]
+            low, high = (int(a, 16) for a in addresses.split("-"))
+            mappings.append((low, high, perms))
+            self.assertFalse("w" in perms and "x" in perms, line)
+        entries = [e for e in result.script_entries()
+                   if re.fullmatch(r"f\d+", e.qualname)]
+        self.assertEqual(len(entries), 5000)
+        for entry in entries:
+            end = entry.start + entry.size
+            perms = [p for low, high, p in mappings
+                     if low <= entry.start and end <= high]
+            self.assertEqual(perms, ["r-xp"], entry)
+
+    def test_map_mode_0600(self):
+        result = self.run_script("""\
+            import os, stat, sys
+            os.umask(0)
+            sys.activate_stack_trampoline("perf")
+            st = os.stat(f"/tmp/perf-{os.getpid()}.map")
+            print(oct(stat.S_IMODE(st.st_mode)), st.st_uid == os.geteuid())
+            """)
+        self.assertEqual(result.stdout, "0o600 True\n")
+        st = os.stat(map_path(result.pid))
+        self.assertEqual(stat.S_IMODE(st.st_mode), 0o600)
+        self.assertTrue(stat.S_ISREG(st.st_mode))
+
+    def test_stale_map_replaced(self):
+        # A map left by a dead process that had our pid.
+        result = self.run_script("""\
+            import os, sys
+            path = f"/tmp/perf-{os.getpid()}.map"
+            with open(path, "w") as f:
+                f.write("deadbeef 10 py::stale:/old.py\\n" * 100)
+                f.write("half a line")
+            os.chmod(path, 0o644)
+            sys.activate_stack_trampoline("perf")
+            def fresh():
+                return 1
+            fresh()
+            """)
+        entries = result.map_entries()
+        symbols = [e.symbol for e in entries]
+        self.assertNotIn("py::stale:/old.py", symbols)
+        self.assertIn(f"py::fresh:{result.path}", symbols)
+        # The file is private again, whatever its old mode.
+        mode = stat.S_IMODE(os.stat(map_path(result.pid)).st_mode)
+        self.assertEqual(mode, 0o600)
+
+    def test_stale_map_replaced_with_xoption(self):
+        # exec() keeps the pid: the script plants a stale map for the
+        # interpreter it then becomes.
+        result = self.run_script("""\
+            import os, sys
+            with open(f"/tmp/perf-{os.getpid()}.map", "w") as f:
+                f.write("not a map line at all\\n" * 100)
+            code = "def fresh(): return 1\\nfresh()\\nprint('ran')"
+            os.execv(sys.executable,
+                     [sys.executable, "-X", "perf", "-c", code])
+            """)
+        self.assertEqual(result.stdout, "ran\n")
+        entries = self.assertMapWellFormed(result.pid)
+        self.assertIn("py::fresh:<string>", [e.symbol for e in entries])
+
+    REFUSED = """\
+        import os, sys
+        path = f"/tmp/perf-{{os.getpid()}}.map"
+        target = os.path.join(os.getcwd(), "target.txt")
+        with open(target, "w") as f:
+            f.write("precious\\n")
+        {make}
+        try:
+            sys.activate_stack_trampoline("perf")
+        except OSError as exc:
+            print(type(exc).__name__, exc.errno, exc.filename == path)
+        def f():
+            return 1
+        f()
+        print(sys.is_stack_trampoline_active())
+        with open(target) as f:
+            print(f.read(), end="")
+        {remove}
+        """
+
+    def refused(self, make, remove):
+        return self.run_script(self.REFUSED.format(make=make, remove=remove))
+
+    def test_symlink_refused(self):
+        result = self.refused("os.symlink(target, path)", "os.unlink(path)")
+        self.assertEqual(result.stdout, "OSError 40 True\nFalse\nprecious\n")
+
+    def test_dangling_symlink_refused(self):
+        result = self.refused(
+            "os.symlink(target + '.new', path)",
+            "os.unlink(path); print(os.path.exists(target + '.new'))")
+        self.assertEqual(result.stdout,
+                         "OSError 40 True\nFalse\nprecious\nFalse\n")
+
+    def test_directory_refused(self):
+        result = self.refused("os.mkdir(path)", "os.rmdir(path)")
+        self.assertEqual(result.stdout,
+                         "IsADirectoryError 21 True\nFalse\nprecious\n")
+
+    def test_hard_link_refused(self):
+        if os.stat(self.tmpdir).st_dev != os.stat("/tmp").st_dev:
+            self.skipTest(f"{self.tmpdir} is not on the file system of /tmp")
+        result = self.refused("os.link(target, path)", "os.unlink(path)")
+        self.assertEqual(result.stdout,
+                         "PermissionError 1 True\nFalse\nprecious\n")
+
+    def test_symlink_with_xoption_warns_and_runs(self):
+        result = self.run_script("""\
+            import os, sys
+            target = os.path.join(os.getcwd(), "target.txt")
+            with open(target, "w") as f:
+                f.write("precious\\n")
+            os.symlink(target, f"/tmp/perf-{os.getpid()}.map")
+            code = ("import sys\\n"
+                    "def f(): return 1\\n"
+                    "f()\\n"
+                    "print('ran', sys.is_stack_trampoline_active())\\n"
+                    "print(open(" + repr(target) + ").read(), end='')\\n")
+            os.execv(sys.executable,
+                     [sys.executable, "-X", "perf", "-c", code])
+            """)
+        path = map_path(result.pid)
+        try:
+            self.assertEqual(result.stdout, "ran False\nprecious\n")
+            lines = result.stderr.splitlines()
+            self.assertEqual(len(lines), 1, result.stderr)
+            self.assertTrue(lines[0].startswith("Python perf trampolines: "),
+                            lines[0])
+            self.assertIn(path, lines[0])
+            self.assertIn("Too many levels of symbolic links", lines[0])
+        finally:
+            if os.path.islink(path):
+                os.unlink(path)
+
+
+class ForkTests(PerfTestCase):
+    """A forked child writes a map of its own."""
+
+    SCRIPT = """\
+        import os, sys
+        def before_fork():
+            return 1
+        before_fork()
+        pid = os.fork()
+        if pid == 0:
+            def child_only():
+                return 2
+            child_only()
+            before_fork()
+            os._exit(0 if sys.is_stack_trampoline_active() else 3)
+        _, status = os.waitpid(pid, 0)
+        def parent_after():
+            return 3
+        parent_after()
+        print(pid, os.waitstatus_to_exitcode(status))
+        """
+
+    def run_fork(self):
+        result = self.run_script(self.SCRIPT, python_args=["-X", "perf"])
+        child, status = map(int, result.stdout.split())
+        self.files.add_pid(child)
+        self.assertEqual(status, 0)
+        return result, child
+
+    def test_child_map_covers_inherited_trampolines(self):
+        result, child = self.run_fork()
+        parent_entries = result.map_entries()
+        child_entries = result.map_entries(child)
+        # Everything the parent had at the fork, at the same addresses.
+        fork_index = [e.qualname for e in parent_entries].index(
+            "parent_after")
+        inherited = parent_entries[:fork_index]
+        self.assertGreater(len(inherited), 10)
+        self.assertEqual(child_entries[:len(inherited)], inherited)
+        child_script = result.script_names(child)
+        self.assertEqual(child_script, ["<module>", "before_fork",
+                                        "child_only"])
+
+    def test_parent_map_lacks_child_entries(self):
+        result, child = self.run_fork()
+        self.assertEqual(result.script_names(),
+                         ["<module>", "before_fork", "parent_after"])
+
+    def test_child_of_sys_api_activation(self):
+        result = self.run_script("""\
+            import os, sys
+            sys.activate_stack_trampoline("perf")
+            def before_fork():
+                return 1
+            before_fork()
+            pid = os.fork()
+            if pid == 0:
+                def child_only():
+                    return 2
+                child_only()
+                os._exit(0)
+            os.waitpid(pid, 0)
+            print(pid)
+            """)
+        child = int(result.stdout)
+        self.files.add_pid(child)
+        self.assertEqual(result.script_names(child),
+                         ["before_fork", "child_only"])
+        self.assertEqual(result.script_names(), ["before_fork"])
+
+
+class ThreadTests(PerfTestCase):
+
+    def test_threads_create_code_concurrently(self):
+        result = self.run_script("""\
+            import sys, threading
+            sys.setswitchinterval(1e-6)
+            THREADS, FUNCS = 8, 150
+            barrier = threading.Barrier(THREADS)
+            def work(t):
+                source = "".join(f"def f_{t}_{i}(): return {i}\\n"
+                                 for i in range(FUNCS))
+                namespace = {}
+                exec(compile(source, __file__, "exec"), namespace)
+                barrier.wait()
+                for _ in range(3):
+                    for i in range(FUNCS):
+                        namespace[f"f_{t}_{i}"]()
+            threads = [threading.Thread(target=work, args=(t,))
+                       for t in range(THREADS)]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+            print("ok")
+            """, python_args=["-X", "perf"])
+        self.assertEqual(result.stdout, "ok\n")
+        entries = self.assertMapWellFormed(result.pid)
+        starts = [e.start for e in entries]
+        self.assertEqual(len(starts), len(set(starts)))
+        names = [e.qualname for e in entries if e.filename == result.path]
+        expected = {f"f_{t}_{i}" for t in range(8) for i in range(150)}
+        funcs = [n for n in names if n.startswith("f_")]
+        self.assertEqual(len(funcs), len(set(funcs)))
+        self.assertEqual(set(funcs), expected)
+        self.assertEqual(names.count("work"), 1)
+
+
+class SubinterpreterTests(PerfTestCase):
+
+    def test_activate_in_subinterpreter(self):
+        result = self.run_script("""\
+            import os, sys, _testcapi
+            code = '''if 1:
+                import sys
+                sys.activate_stack_trampoline("perf")
+                active = sys.is_stack_trampoline_active()
+                exec(compile("def sub_fn():\\\\n    return 1\\\\nsub_fn()",
+                             FILE, "exec"))
+                with open("sub.txt", "w") as f:
+                    f.write(str(active))
+                '''.replace("FILE", repr(__file__))
+            print(_testcapi.run_in_subinterp(code))
+            with open("sub.txt") as f:
+                print(f.read())
+            print(sys.is_stack_trampoline_active())
+            def main_fn():
+                return 2
+            main_fn()
+            """)
+        self.assertEqual(result.stdout, "0\nTrue\nFalse\n")
+        self.assertEqual(result.script_names(), ["<module>", "sub_fn"])
+
+    def test_subinterpreter_deactivation_leaves_main_active(self):
+        result = self.run_script("""\
+            import os, sys, _testcapi
+            code = '''if 1:
+                import sys
+                before = sys.is_stack_trampoline_active()
+                sys.deactivate_stack_trampoline()
+                with open("sub.txt", "w") as f:
+                    f.write(f"{before} {sys.is_stack_trampoline_active()}")
+                '''
+            print(_testcapi.run_in_subinterp(code))
+            with open("sub.txt") as f:
+                print(f.read())
+            def main_fn():
+                return 2
+            main_fn()
+            print(sys.is_stack_trampoline_active())
+            """, python_args=["-X", "perf"])
+        # The subinterpreter starts with the same configuration (-X perf).
+        self.assertEqual(result.stdout, "0\nTrue False\nTrue\n")
+        self.assertIn("main_fn", result.script_names())
+
+
+class SemanticsTests(PerfTestCase):
+    """A program prints exactly the same with and without -X perf."""
+
+    def assertSameOutput(self, source, mapped=()):
+        off = self.run_script(source, check=False)
+        on = self.run_script(source, python_args=["-X", "perf"], check=False)
+        self.assertEqual(off.returncode, 0, off.stderr)
+        self.assertEqual(on.stdout, off.stdout)
+        self.assertEqual(on.stderr, off.stderr)
+        self.assertEqual(on.returncode, off.returncode)
+        names = on.script_names()
+        for name in mapped:
+            self.assertIn(name, names)
+        return off.stdout
+
+    def test_exceptions_unwinding(self):
+        out = self.assertSameOutput("""\
+            import traceback
+
+            def deep(n):
+                if n == 0:
+                    raise KeyError("bottom")
+                return deep(n - 1) + 1
+
+            class Boom:
+                def method(self, n):
+                    return deep(n)
+
+            for depth in (0, 1, 5, 60):
+                try:
+                    Boom().method(depth)
+                except KeyError as exc:
+                    tb = exc.__traceback__
+                    entries = []
+                    while tb is not None:
+                        entries.append((tb.tb_frame.f_code.co_qualname,
+                                        tb.tb_lineno))
+                        tb = tb.tb_next
+                    print(depth, len(entries), entries[:3], entries[-2:])
+            try:
+                Boom().method(3)
+            except KeyError:
+                print(traceback.format_exc())
+            def chained():
+                try:
+                    deep(2)
+                except KeyError as exc:
+                    raise ValueError("again") from exc
+            try:
+                chained()
+            except ValueError:
+                print(traceback.format_exc())
+            def reraise_in_finally():
+                try:
+                    return deep(4)
+                finally:
+                    print("finally ran")
+            try:
+                reraise_in_finally()
+            except KeyError as exc:
+                print(repr(exc))
+            """, mapped=["deep", "Boom.method", "chained"])
+        self.assertIn("60 63 ", out)
+        self.assertIn('line 5, in deep\n    raise KeyError("bottom")', out)
+
+    def test_generators(self):
+        out = self.assertSameOutput("""\
+            def gen(n):
+                try:
+                    for i in range(n):
+                        received = yield i
+                        print("gen got", received)
+                except ValueError as exc:
+                    print("gen caught", exc)
+                    yield "after-throw"
+                finally:
+                    print("gen finally")
+
+            g = gen(5)
+            print(next(g), g.send("a"), g.send("b"))
+            print(g.throw(ValueError("boom")))
+            g.close()
+            g = gen(2)
+            next(g)
+            try:
+                g.throw(TypeError("unhandled"))
+            except TypeError as exc:
+                tb = exc.__traceback__
+                print("propagated", exc, tb.tb_next.tb_lineno,
+                      tb.tb_next.tb_frame.f_code.co_name)
+            print(list(gen(3)))
+            print(sum(x * x for x in range(10)))
+
+            def delegating():
+                result = yield from gen(2)
+                return result
+            d = delegating()
+            print(next(d), d.throw(ValueError("to inner")))
+            d.close()
+
+            def closing():
+                try:
+                    yield 1
+                except GeneratorExit:
+                    print("GeneratorExit seen")
+                    raise
+            c = closing()
+            next(c)
+            c.close()
+            print(c.gi_frame, g.gi_running)
+            """, mapped=["gen", "delegating", "closing", "<genexpr>"])
+        self.assertIn("gen caught boom\nafter-throw\n", out)
+        self.assertIn("GeneratorExit seen\n", out)
+
+    def test_coroutines(self):
+        out = self.assertSameOutput("""\
+            import asyncio
+
+            async def leaf(i):
+                await asyncio.sleep(0)
+                if i == 3:
+                    raise RuntimeError(f"coro {i}")
+                return i * 2
+
+            async def middle(i):
+                try:
+                    return await leaf(i)
+                except RuntimeError as exc:
+                    return f"caught {exc} at {exc.__traceback__.tb_lineno}"
+
+            async def agen():
+                for i in range(3):
+                    yield i
+                    await asyncio.sleep(0)
+
+            async def main():
+                print(await asyncio.gather(*(middle(i) for i in range(5))))
+                print([x async for x in agen()])
+                task = asyncio.ensure_future(asyncio.sleep(10))
+                await asyncio.sleep(0)
+                task.cancel()
+                try:
+                    await task
+                except asyncio.CancelledError:
+                    print("cancelled")
+                coro = leaf(0)
+                print(coro.cr_code.co_name, coro.send(None) is None)
+                try:
+                    coro.throw(KeyError("thrown"))
+                except KeyError as exc:
+                    print("throw", repr(exc))
+
+            asyncio.run(main())
+            """, mapped=["leaf", "middle", "agen", "main"])
+        self.assertIn("caught coro 3 at", out)
+        self.assertIn("cancelled\n", out)
+
+    def test_settrace_events(self):
+        out = self.assertSameOutput("""\
+            import sys
+
+            def callee(x):
+                y = x * 2
+                if y > 2:
+                    try:
+                        raise ValueError(y)
+                    except ValueError:
+                        pass
+                return y
+
+            def caller(x):
+                return callee(x) + callee(x + 1)
+
+            def gen():
+                yield 1
+                yield 2
+
+            events = []
+            def tracer(frame, event, arg):
+                if frame.f_code.co_filename == __file__:
+                    events.append((event, frame.f_code.co_name,
+                                   frame.f_lineno,
+                                   type(arg).__name__))
+                return tracer
+
+            sys.settrace(tracer)
+            caller(1)
+            caller(5)
+            list(gen())
+            sys.settrace(None)
+            for event in events:
+                print(*event)
+            """, mapped=["caller", "callee"])
+        self.assertIn("call callee 3 NoneType\n", out)
+        self.assertIn("exception callee 7 tuple\n", out)
+
+    def test_setprofile_events(self):
+        out = self.assertSameOutput("""\
+            import sys
+
+            def callee(x):
+                return len(str(x))
+
+            class K:
+                def method(self, x):
+                    return callee(x)
+
+            def caller(x):
+                return K().method(x) + sorted([x, 1], key=abs)[0]
+
+            events = []
+            def profiler(frame, event, arg):
+                name = (getattr(arg, "__name__", None)
+                        if event.startswith("c_") else None)
+                events.append((event, frame.f_code.co_name, name))
+
+            sys.setprofile(profiler)
+            caller(3)
+            caller(-7)
+            sys.setprofile(None)
+            for event in events:
+                print(*event)
+            """, mapped=["caller", "callee", "K.method"])
+        self.assertIn("call callee None\n", out)
+        self.assertIn("c_call callee len\n", out)
+
+    def test_frames(self):
+        out = self.assertSameOutput("""\
+            import sys
+
+            def inner():
+                f = sys._getframe(0)
+                chain = []
+                while f is not None:
+                    chain.append((f.f_code.co_name, f.f_lineno))
+                    f = f.f_back
+                print(chain)
+                print([sys._getframe(n).f_code.co_name for n in range(4)])
+                print(sys._getframe(1).f_locals)
+                return sys._getframe(1).f_lineno
+
+            def middle(a):
+                local = a + 1
+                return inner()
+
+            def outer():
+                return middle(1)
+
+            print(outer())
+            print(sys._getframe().f_back)
+
+            saved = []
+            def keep():
+                saved.append(sys._getframe())
+            def keeper():
+                keep()
+                return 1
+            keeper()
+            f = saved[0]
+            print(f.f_code.co_name, f.f_lineno, f.f_back.f_code.co_name,
+                  f.f_back.f_lineno)
+            """, mapped=["inner", "middle", "outer"])
+        self.assertIn("[('inner', 7), ('middle', 16), ('outer', 19), "
+                      "('<module>', 21)]", out)
+
+    def test_lasti(self):
+        # f_lasti of a caller and tb_lasti depend on how far the call
+        # instruction had got when the callee runs: with trampolines they
+        # must be what they are without.
+        self.assertSameOutput("""\
+            import sys
+
+            def callee():
+                f = sys._getframe(1)
+                return f.f_lasti, f.f_lineno
+
+            def caller():
+                return callee()
+
+            def boom():
+                raise ValueError
+
+            def catcher():
+                try:
+                    boom()
+                except ValueError as exc:
+                    tb = exc.__traceback__
+                    out = []
+                    while tb is not None:
+                        out.append((tb.tb_frame.f_code.co_name, tb.tb_lasti,
+                                    tb.tb_lineno))
+                        tb = tb.tb_next
+                    return out
+
+            for _ in range(3):
+                print(caller(), catcher())
+            """, mapped=["caller", "callee", "catcher"])
+
+    def test_specialized_calls(self):
+        out = self.assertSameOutput("""\
+            class Seq:
+                def __init__(self, n):
+                    self.n = n
+
+                def __getitem__(self, i):
+                    if i >= self.n:
+                        raise IndexError(i)
+                    return i * self.n
+
+                def method(self, a, b=2, *, c=3):
+                    return (a, b, c, self.n)
+
+            def with_defaults(a, b=10, c=20):
+                return a + b + c
+
+            def exact(a, b):
+                return a - b
+
+            s = Seq(3)
+            total = 0
+            for i in range(50):
+                total += s[1] + with_defaults(i) + with_defaults(1, 2)
+                total += with_defaults(1, c=5) + exact(i, 1)
+                total += s.method(1)[0] + s.method(1, c=9)[2]
+            print(total, list(s), s.method(7, b=8))
+            for i in range(50):
+                try:
+                    s[i % 5]
+                except IndexError as exc:
+                    last = (repr(exc), exc.__traceback__.tb_next.tb_lineno)
+            print(last)
+            try:
+                with_defaults()
+            except TypeError as exc:
+                print(exc)
+            try:
+                exact(1, 2, 3)
+            except TypeError as exc:
+                print(exc)
+            print(sorted([3, 1, 2], key=lambda v: -v),
+                  list(map(with_defaults, [1, 2])))
+            """, mapped=["Seq.__getitem__", "Seq.method", "with_defaults",
+                         "exact"])
+        self.assertIn("('IndexError(4)', 7)\n", out)
+
+
+class StackSafetyTests(PerfTestCase):
+    """The fast path's native frames never exhaust the C stack."""
+
+    def assertSameOutput(self, source, script_args=()):
+        off = self.run_script(source, script_args=script_args, check=False)
+        on = self.run_script(source, script_args=script_args, check=False,
+                             python_args=["-X", "perf"])
+        self.assertEqual(off.returncode, 0, off.stderr[-2000:])
+        self.assertEqual((on.returncode, on.stdout, on.stderr),
+                         (off.returncode, off.stdout, off.stderr))
+        return on
+
+    def test_deep_recursion(self):
+        on = self.assertSameOutput("""\
+            import sys
+            sys.setrecursionlimit(200000)
+            def down(n):
+                return 0 if n == 0 else 1 + down(n - 1)
+            print(down(150000))
+            """)
+        self.assertEqual(on.stdout, "150000\n")
+        self.assertIn("down", on.script_names())
+
+    RUNAWAY = """\
+        import sys, threading
+        depth = 0
+        def runaway():
+            global depth
+            depth += 1
+            runaway()
+        def attempt():
+            global depth
+            depth = 0
+            try:
+                runaway()
+            except RecursionError as exc:
+                print(threading.current_thread().name, exc, depth)
+        sys.setrecursionlimit(int(sys.argv[1]))
+        {run}
+        """
+
+    def test_runaway_recursion_main_thread(self):
+        for limit in ("1000", "100000"):
+            with self.subTest(limit=limit):
+                on = self.assertSameOutput(
+                    self.RUNAWAY.format(run="attempt()"),
+                    script_args=[limit])
+                # <module> and attempt() count too.
+                self.assertEqual(
+                    on.stdout, "MainThread maximum recursion depth exceeded "
+                               f"{int(limit) - 2}\n")
+
+    def test_runaway_recursion_small_thread_stack(self):
+        run = """
+            threading.stack_size(256 * 1024)
+            thread = threading.Thread(target=attempt, name="small")
+            thread.start()
+            thread.join()
+            """
+        source = self.RUNAWAY.format(run=textwrap.indent(
+            textwrap.dedent(run), " " * 8))
+        for limit in ("1000", "100000"):
+            with self.subTest(limit=limit):
+                on = self.assertSameOutput(source, script_args=[limit])
+                self.assertRegex(
+                    on.stdout,
+                    r"^small maximum recursion depth exceeded \d+\n$")
+
+
+class GdbTests(PerfTestCase):
+
+    SCRIPT = """\
+        import os
+        def leaf():
+            return os.getppid()
+        def middle():
+            return leaf()
+        def top():
+            return middle()
+        top()
+        """
+
+    def setUp(self):
+        super().setUp()
+        reason = gdb_available()
+        if reason:
+            self.skipTest(reason)
+
+    @staticmethod
+    def is_trampoline(name):
+        # gdb knows no symbol for a trampoline: "??" (or a py:: name, if
+        # the trampolines are ever described to it).
+        return name == "??" or name.startswith("py::")
+
+    def test_backtrace_walks_through_trampolines(self):
+        path = write_script(self.tmpdir, self.SCRIPT)
+        # The same stop without trampolines shows what this gdb can do.
+        names, output = gdb_backtrace([sys.executable, path], "os_getppid")
+        if names[:1] != ["os_getppid"] or "Py_BytesMain" not in names:
+            self.skipTest("gdb cannot unwind this interpreter without "
+                          "trampolines either:\n" + output[-1000:])
+        names, output = gdb_backtrace([sys.executable, "-X", "perf", path],
+                                      "os_getppid")
+        self.assertEqual(names[:1], ["os_getppid"], output)
+        # leaf, middle, top and <module>: each an evaluator called by its
+        # trampoline, called by the caller's evaluator.
+        compressed = [EVAL if name == EVAL
+                      else "trampoline" if self.is_trampoline(name)
+                      else name for name in names]
+        run = [EVAL, "trampoline"] * 4
+        self.assertTrue(
+            any(compressed[i:i + len(run)] == run
+                for i in range(len(compressed))), output)
+        self.assertNotIn("Backtrace stopped", output)
+        self.assertIn("Py_BytesMain", names, output)
+
+
+class PerfRecordTests(PerfTestCase):
+    """perf record -g sees the Python functions, in call order."""
+
+    def setUp(self):
+        super().setUp()
+        reason = perf_record_works()
+        if reason:
+            self.skipTest(reason)
+
+    def record(self, source, python_args=()):
+        path = write_script(self.tmpdir, source)
+        record, samples = record_samples(
+            [sys.executable, *python_args, path], self.tmpdir)
+        self.assertEqual(record.returncode, 0, record.stderr)
+        pids = {int(s.header.split()[0]) for s in samples
+                if s.header.split()[0].isdigit()}
+        for pid in pids:
+            self.files.add_pid(pid)
+        return path, samples
+
+    def assertChains(self, samples, path, expected, between=None):
+        """Check samples in `expected[0]`: their py:: frames of `path` are
+        `expected` (innermost first) and, in most, consecutive Python
+        frames are separated by exactly one evaluator frame (or, for the
+        pairs in `between`, by a chain through that C function)."""
+        hits = [s for s in samples if expected[0] in s.python_frames(path)]
+        self.assertGreaterEqual(len(hits), 20,
+                                f"{len(samples)} samples, few in "
+                                f"{expected[0]}")
+        symbols = [f"py::{name}:{path}" for name in expected]
+        good = 0
+        for sample in hits:
+            if sample.python_frames(path) != expected:
+                continue
+            positions = [sample.frames.index(symbol) for symbol in symbols]
+            ok = True
+            for k, (a, b) in enumerate(zip(positions, positions[1:])):
+                gap = sample.frames[a + 1:b]
+                if between and k in between:
+                    ok = ok and between[k] in gap and gap[-1] == EVAL
+                else:
+                    ok = ok and gap == [EVAL]
+            good += ok
+        # A sample taken while a trampoline sets up its frame, or in a
+        # function without a frame pointer, may lose a frame: demand
+        # most, not all.
+        self.assertGreaterEqual(good, len(hits) // 2,
+                                f"{good} of {len(hits)} samples in "
+                                f"{expected[0]} show {expected}:\n"
+                                + "\n".join(map(str, hits[:3])))
+
+    HOT = """\
+        def leaf(n):
+            s = 0
+            for i in range(n):
+                s += i * i
+            return s
+        def middle(n):
+            return leaf(n)
+        def top():
+            t = 0
+            for _ in range(25):
+                t += middle(150000)
+            return t
+        """
+
+    def test_xoption_fast_path_chain(self):
+        path, samples = self.record(self.HOT + "top()\n", ["-X", "perf"])
+        self.assertChains(samples, path,
+                          ["leaf", "middle", "top", "<module>"])
+
+    def test_sys_api_chain(self):
+        path, samples = self.record(
+            "import sys\nsys.activate_stack_trampoline('perf')\n"
+            + textwrap.dedent(self.HOT) + "top()\n")
+        self.assertChains(samples, path, ["leaf", "middle", "top"])
+        # The module frame started before activation: no trampoline.
+        for sample in samples:
+            self.assertNotIn("<module>", sample.python_frames(path))
+
+    def test_calls_from_c_chain(self):
+        path, samples = self.record("""\
+            def leaf(n):
+                s = 0
+                for i in range(3000):
+                    s += i * n
+                return s
+            def middle():
+                return list(map(leaf, range(300)))
+            def top():
+                for _ in range(8):
+                    middle()
+            top()
+            """, ["-X", "perf"])
+        self.assertChains(samples, path,
+                          ["leaf", "middle", "top", "<module>"],
+                          between={0: "map_next"})
+
+    def test_specialized_calls_chain(self):
+        # BINARY_SUBSCR_GETITEM, CALL_PY_WITH_DEFAULTS, a method call.
+        path, samples = self.record("""\
+            def hot(n, step=1):
+                s = 0
+                for i in range(0, n, step):
+                    s += i * i
+                return s
+            class Table:
+                def method(self, n):
+                    return hot(n)
+                def __getitem__(self, n):
+                    return self.method(n)
+            def top():
+                table = Table()
+                for _ in range(25):
+                    table[150000]
+            top()
+            """, ["-X", "perf"])
+        self.assertChains(samples, path,
+                          ["hot", "Table.method", "Table.__getitem__",
+                           "top", "<module>"])
+
+
+if __name__ == "__main__":
+    unittest.main()

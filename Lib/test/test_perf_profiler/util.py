@@ -1,0 +1,418 @@
+"""Helpers shared by the test_perf_profiler modules.
+
+The API, in the order a test usually needs it:
+
+* PerfTestCase: a TestCase base class.  Each test gets a fresh directory
+  (self.tmpdir) and a snapshot of the profiler files in /tmp; files the
+  test's processes created there are removed afterwards, nothing else.
+  self.run_script(source, ...) writes a script into self.tmpdir, runs it
+  in a fresh interpreter and returns a ScriptResult.
+* ScriptResult: returncode, stdout, stderr, pid, path; map_entries(pid)
+  and script_entries(pid) read and parse the perf map the run wrote.
+* MapEntry, parse_map(), read_map(), map_path(), jitdump_path(): the perf
+  map format ("START SIZE py::<qualname>:<filename>").
+* clean_env(): the environment for a child interpreter, free of the
+  perf switches this test run might have inherited.
+* perf_record_works(), record_samples(), parse_perf_script(), Sample:
+  run a command under "perf record -g" and read back its call chains.
+* gdb_available(), gdb_backtrace(): frame names of a gdb "bt".
+* ProfilerFiles: the snapshot/cleanup logic PerfTestCase uses, for tests
+  that need it on its own.
+"""
+
+import functools
+import glob
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import textwrap
+import unittest
+from typing import NamedTuple
+
+from test import support
+
+# Environment variables that switch trampolines on at startup.
+PERF_ENV_VARS = ("PYTHONPERFSUPPORT", "PYTHON_PERF_JIT_SUPPORT")
+
+# One line of a perf map written by the interpreter: hex without "0x".
+MAP_LINE_RE = re.compile(r"^([0-9a-f]+) ([0-9a-f]+) (py::.+)$")
+
+# Seconds any single child process may take before the test fails.
+TIMEOUT = support.SHORT_TIMEOUT
+
+
+# ----------------------------------------------------------------------
+# The perf map
+
+class MapEntry(NamedTuple):
+    """One line of a perf map."""
+    start: int          # address of the trampoline
+    size: int           # its size in bytes
+    symbol: str         # "py::<qualname>:<filename>"
+
+    @property
+    def qualname(self):
+        """The code object's qualified name, as written (escaped)."""
+        return self.symbol[4:].partition(":")[0]
+
+    @property
+    def filename(self):
+        """The code object's file name, as written (escaped)."""
+        return self.symbol[4:].partition(":")[2]
+
+
+def map_path(pid):
+    """Path of the perf map of process `pid`."""
+    return f"/tmp/perf-{pid}.map"
+
+
+def jitdump_path(pid):
+    """Path of the jitdump of process `pid`."""
+    return f"/tmp/jit-{pid}.dump"
+
+
+def parse_map(text):
+    """Parse the text of a perf map into a list of MapEntry, in file order.
+
+    Raises ValueError naming the first line that is not exactly
+    "<hex> <hex> py::<name>" (an empty file is an empty list; the last
+    line must end with a newline: lines are written whole).
+    """
+    if text and not text.endswith("\n"):
+        raise ValueError(f"perf map does not end with a newline: "
+                         f"{text[-80:]!r}")
+    entries = []
+    for number, line in enumerate(text.splitlines(), 1):
+        match = MAP_LINE_RE.match(line)
+        if match is None:
+            raise ValueError(f"malformed perf map line {number}: {line!r}")
+        start, size, symbol = match.groups()
+        entries.append(MapEntry(int(start, 16), int(size, 16), symbol))
+    return entries
+
+
+def read_map(pid):
+    """Read and parse the perf map of process `pid` (see parse_map()).
+
+    Raises FileNotFoundError if the process wrote none.
+    """
+    with open(map_path(pid), encoding="utf-8",
+              errors="surrogateescape", newline="\n") as f:
+        return parse_map(f.read())
+
+
+# ----------------------------------------------------------------------
+# Running scripts
+
+def clean_env(**changes):
+    """Return a copy of os.environ for a child interpreter.
+
+    The perf switches are removed, then `changes` applied: a str value
+    sets a variable, None removes it.
+    """
+    env = dict(os.environ)
+    for name in PERF_ENV_VARS:
+        env.pop(name, None)
+    for name, value in changes.items():
+        if value is None:
+            env.pop(name, None)
+        else:
+            env[name] = value
+    return env
+
+
+class ScriptResult(NamedTuple):
+    """How a script run by PerfTestCase.run_script() ended."""
+    returncode: int
+    stdout: str
+    stderr: str
+    pid: int            # pid of the interpreter that ran the script
+    path: str           # absolute path of the script
+
+    def map_entries(self, pid=None):
+        """Entries of the perf map of `pid` (default: the script's)."""
+        return read_map(self.pid if pid is None else pid)
+
+    def script_entries(self, pid=None):
+        """Like map_entries(), only the entries of code in the script."""
+        return [entry for entry in self.map_entries(pid)
+                if entry.filename == self.path]
+
+    def script_names(self, pid=None):
+        """Qualified names of script_entries(), in map order."""
+        return [entry.qualname for entry in self.script_entries(pid)]
+
+
+def write_script(directory, source, name="script.py"):
+    """Write dedented `source` to directory/name; return its path."""
+    path = os.path.join(directory, name)
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(textwrap.dedent(source))
+    return path
+
+
+def run_python(args, *, env=None, cwd=None, timeout=TIMEOUT):
+    """Run sys.executable with `args`; return (pid, CompletedProcess).
+
+    `env` defaults to clean_env().  Output is decoded as UTF-8 with
+    backslashreplace, so a test can compare it as text.
+    """
+    proc = subprocess.Popen(
+        [sys.executable, *args],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        env=clean_env() if env is None else env, cwd=cwd)
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        raise
+    completed = subprocess.CompletedProcess(
+        proc.args, proc.returncode,
+        stdout.decode("utf-8", "backslashreplace"),
+        stderr.decode("utf-8", "backslashreplace"))
+    return proc.pid, completed
+
+
+# ----------------------------------------------------------------------
+# Profiler files in /tmp
+
+class ProfilerFiles:
+    """The perf maps and jitdumps in /tmp, before and after a test.
+
+    /tmp is shared with every other process on the machine, so cleanup()
+    removes only files that appeared since the snapshot *and* belong to
+    this test: their pid was passed to add_pid(), or their content
+    mentions one of the markers (the test's directory, which appears in
+    the file names of the test's scripts).
+    """
+
+    PATTERNS = ("/tmp/perf-*.map", "/tmp/jit-*.dump")
+
+    def __init__(self, markers=()):
+        self.markers = [os.fsencode(marker) for marker in markers]
+        self.pids = set()
+        self.before = self._scan()
+
+    @classmethod
+    def _scan(cls):
+        return {path for pattern in cls.PATTERNS
+                for path in glob.glob(pattern)}
+
+    def add_pid(self, pid):
+        """Claim the files of process `pid`."""
+        self.pids.add(int(pid))
+
+    def created(self):
+        """Files that appeared since the snapshot (anyone's)."""
+        return sorted(self._scan() - self.before)
+
+    def _our_pid(self, path):
+        match = re.search(r"-(\d+)\.(?:map|dump)$", path)
+        return bool(match) and int(match.group(1)) in self.pids
+
+    def _mentions_marker(self, path):
+        try:
+            with open(path, "rb") as f:
+                data = f.read()
+        except OSError:
+            return False
+        return any(marker in data for marker in self.markers)
+
+    def cleanup(self):
+        """Remove the created files that belong to this test.
+
+        A symlink or an (empty) directory in place of a file is removed
+        too, if it has the pid of one of the test's processes (tests
+        plant those to check that the interpreter refuses them).
+        """
+        for path in self.created():
+            try:
+                if os.path.islink(path):
+                    if self._our_pid(path):
+                        os.unlink(path)
+                elif os.path.isdir(path):
+                    if self._our_pid(path):
+                        os.rmdir(path)
+                elif self._our_pid(path) or self._mentions_marker(path):
+                    os.unlink(path)
+            except OSError:
+                pass
+
+
+@support.requires_subprocess()
+class PerfTestCase(unittest.TestCase):
+    """Base class: a fresh directory and /tmp cleanup for every test."""
+
+    def setUp(self):
+        super().setUp()
+        self.tmpdir = os.path.realpath(tempfile.mkdtemp(prefix="perftest-"))
+        self.addCleanup(shutil.rmtree, self.tmpdir, ignore_errors=True)
+        self.files = ProfilerFiles(markers=[self.tmpdir])
+        self.addCleanup(self.files.cleanup)
+
+    def run_script(self, source, *, python_args=(), script_args=(),
+                   env=None, name="script.py", check=True):
+        """Run `source` (dedented) as a script in a fresh interpreter.
+
+        The command line is python <python_args> <script> <script_args>,
+        run in self.tmpdir with `env` (default clean_env()).  With
+        check=True the test fails unless the script exits with status 0.
+        """
+        path = write_script(self.tmpdir, source, name)
+        pid, proc = run_python([*python_args, path, *script_args],
+                               env=env, cwd=self.tmpdir)
+        self.files.add_pid(pid)
+        result = ScriptResult(proc.returncode, proc.stdout, proc.stderr,
+                              pid, path)
+        if check and result.returncode != 0:
+            self.fail(f"script exited with {result.returncode}\n"
+                      f"stdout:\n{result.stdout}\nstderr:\n{result.stderr}")
+        return result
+
+    def assertMapWellFormed(self, pid):
+        """Parse the map of `pid`, failing the test on a malformed line;
+        return its entries."""
+        try:
+            return read_map(pid)
+        except ValueError as exc:
+            self.fail(str(exc))
+
+
+# ----------------------------------------------------------------------
+# perf
+
+class Sample(NamedTuple):
+    """One sample of "perf script": its header line and call chain."""
+    header: str
+    frames: list        # symbol names, innermost first ("[unknown]" too)
+
+    def python_frames(self, filename=None):
+        """Qualified names of the py:: frames (only those of `filename`
+        if given), innermost first."""
+        names = []
+        for frame in self.frames:
+            if not frame.startswith("py::"):
+                continue
+            qualname, _, file = frame[4:].partition(":")
+            if filename is None or file == filename:
+                names.append(qualname)
+        return names
+
+
+def parse_perf_script(text):
+    """Parse "perf script -F ip,sym" style output into Samples.
+
+    A sample is a header line (which perf may indent with spaces)
+    followed by tab-indented "ADDRESS SYMBOL" lines, one per frame,
+    innermost first; samples are separated by blank lines.
+    """
+    samples = []
+    header = None
+    frames = []
+    for line in text.splitlines():
+        if not line.strip():
+            if header is not None:
+                samples.append(Sample(header, frames))
+            header, frames = None, []
+        elif line.startswith("\t"):
+            parts = line.split(None, 1)
+            if header is not None and len(parts) == 2:
+                frames.append(parts[1].strip())
+        else:
+            if header is not None:
+                samples.append(Sample(header, frames))
+            header, frames = line.strip(), []
+    if header is not None:
+        samples.append(Sample(header, frames))
+    return samples
+
+
+PERF_RECORD = ("perf", "record", "--no-buildid-cache", "--quiet",
+               "-e", "cpu-clock", "-F", "999", "-g")
+
+
+@functools.lru_cache(maxsize=None)
+def perf_record_works():
+    """Return None if "perf record -g" works here, else why not (a skip
+    reason)."""
+    if shutil.which("perf") is None:
+        return "perf is not installed"
+    with tempfile.TemporaryDirectory() as tmp:
+        data = os.path.join(tmp, "perf.data")
+        try:
+            proc = subprocess.run(
+                [*PERF_RECORD, "-o", data, "--", sys.executable, "-c", "pass"],
+                stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                text=True, errors="backslashreplace", timeout=TIMEOUT)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            return f"perf record cannot run: {exc}"
+        if proc.returncode != 0 or not os.path.exists(data):
+            lines = [line.strip() for line in proc.stdout.splitlines()
+                     if line.strip()] or ["no output"]
+            return (f"perf record is not permitted or fails here "
+                    f"(exit {proc.returncode}): {' '.join(lines[:2])}")
+    return None
+
+
+def record_samples(args, directory, *, env=None, timeout=TIMEOUT):
+    """Run `args` under perf record -g; return (CompletedProcess, samples).
+
+    perf.data is written to `directory`.  The CompletedProcess is that of
+    perf record (the command's own output passes through it).
+    """
+    data = os.path.join(directory, "perf.data")
+    record = subprocess.run(
+        [*PERF_RECORD, "-o", data, "--", *args],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        errors="backslashreplace", env=clean_env() if env is None else env,
+        cwd=directory, timeout=timeout)
+    if record.returncode != 0:
+        return record, []
+    script = subprocess.run(
+        ["perf", "script", "-i", data, "-F", "pid,ip,sym"],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+        errors="backslashreplace", timeout=timeout)
+    return record, parse_perf_script(script.stdout)
+
+
+# ----------------------------------------------------------------------
+# gdb
+
+GDB_FRAME_RE = re.compile(r"^#(\d+)\s+(?:0x[0-9a-f]+ in )?(\S+)")
+
+
+def gdb_available():
+    """Return None if gdb can be used, else a skip reason."""
+    if shutil.which("gdb") is None:
+        return "gdb is not installed"
+    return None
+
+
+def gdb_backtrace(args, breakpoint, *, env=None, timeout=TIMEOUT):
+    """Run `args` under gdb -batch, stop at `breakpoint`, take a "bt".
+
+    Returns (frame names outermost last, gdb's whole output).  A frame
+    without a symbol is "??".
+    """
+    proc = subprocess.run(
+        ["gdb", "-batch", "-nx",
+         "-iex", "set debuginfod enabled off",
+         "-iex", "set auto-load no",
+         "-ex", "set pagination off",
+         "-ex", "set print frame-arguments none",
+         "-ex", f"break {breakpoint}",
+         "-ex", "run", "-ex", "bt", "-ex", "kill",
+         "--args", *args],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        errors="backslashreplace", env=clean_env() if env is None else env,
+        timeout=timeout)
+    names = []
+    for line in proc.stdout.splitlines():
+        match = GDB_FRAME_RE.match(line)
+        if match:
+            names.append(match.group(2))
+    return names, proc.stdout
