@@ -37,13 +37,24 @@ def count_junit(path):
     return passed, failed, skipped
 
 
+def clean_environment():
+    """os.environ without PYTHON* variables: CPython's tests expect the
+    interpreter's defaults (e.g. test_cmd_line fails under
+    PYTHONUNBUFFERED), and a PYTHONPERFSUPPORT from outside would change
+    what our tests see."""
+    dropped = sorted(k for k in os.environ if k.startswith("PYTHON"))
+    if dropped:
+        print("run-tests: running without", " ".join(dropped), flush=True)
+    return {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
+
+
 def run_regrtests(tests, extra_args):
     with tempfile.TemporaryDirectory() as tmp:
         xml = os.path.join(tmp, "junit.xml")
         cmd = [sys.executable, "-m", "test", "-j", str(os.cpu_count() or 2),
                "--timeout", "1200", "--junit-xml", xml, *extra_args, *tests]
         print("run-tests:", " ".join(cmd), flush=True)
-        proc = subprocess.run(cmd, cwd=TREE)
+        proc = subprocess.run(cmd, cwd=TREE, env=clean_environment())
         counts = count_junit(xml) if os.path.exists(xml) else (0, 0, 0)
     passed, failed, skipped = counts
     if proc.returncode != 0 and failed == 0:

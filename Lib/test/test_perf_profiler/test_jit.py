@@ -40,8 +40,8 @@ from typing import NamedTuple
 
 from test import support
 from test.test_perf_profiler.util import (
-    PerfTestCase, clean_env, jitdump_path, map_path, parse_perf_script,
-    write_script)
+    PerfTestCase, clean_env, jitdump_path, map_path, map_written_since,
+    parse_perf_script, write_script)
 
 if not sysconfig.get_config_var("PY_HAVE_PERF_JIT_TRAMPOLINE"):
     raise unittest.SkipTest("this Python was built without the perf_jit "
@@ -609,6 +609,7 @@ class JitdumpTests(UnwindCheck, JitTestCase):
                     if line.rstrip().endswith(f"/tmp/jit-{os.getpid()}.dump"):
                         print(line.split()[1], line.split()[2])
         """)
+        started = time.time()
         before = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
         pid, lines = self.run_nofp(source, "-X", "perf_jit")
         after = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
@@ -618,7 +619,7 @@ class JitdumpTests(UnwindCheck, JitTestCase):
         # logs that mmap, and perf inject finds the dump through it.
         self.assertEqual(lines[2:], ["r-xp 00000000"])
         # Only the jitdump: the perf map backend stays off.
-        self.assertFalse(os.path.exists(map_path(pid)))
+        self.assertFalse(map_written_since(pid, started))
 
         try:
             header, records = read_jitdump(pid)
@@ -699,6 +700,7 @@ class JitdumpTests(UnwindCheck, JitTestCase):
                 argv = [NOFP_PYTHON, *args, path]
                 if not args and env is None:
                     argv.append("perf_jit")
+                started = time.time()
                 proc = run(argv, cwd=self.tmpdir,
                            env=clean_env() if env is None else env)
                 pid = int(proc.stdout.split()[0])
@@ -709,7 +711,7 @@ class JitdumpTests(UnwindCheck, JitTestCase):
                 self.assertIn(f"py::leaf:{path}",
                               [r.name for r in self.script_loads(records,
                                                                  path)])
-                self.assertFalse(os.path.exists(map_path(pid)))
+                self.assertFalse(map_written_since(pid, started))
 
     def test_fork(self):
         source = script("""\

@@ -222,7 +222,7 @@ class SwitchTests(PerfTestCase):
     def test_off_by_default(self):
         result = self.run_script(self.PROBE)
         self.assertEqual(result.stdout, "False\n")
-        self.assertFalse(os.path.exists(map_path(result.pid)))
+        self.assertFalse(result.wrote_map())
 
     def test_xoption(self):
         self.assertEqual(self.probe(["-X", "perf"]), (True, True))
@@ -267,7 +267,7 @@ class SwitchTests(PerfTestCase):
         self.assertEqual(len(fatal), 1, result.stderr)
         self.assertIn(switch, fatal[0])
         self.assertIn("invalid", fatal[0])
-        self.assertFalse(os.path.exists(map_path(result.pid)))
+        self.assertFalse(result.wrote_map())
 
     def test_invalid_xoption_fails_at_startup(self):
         for value in ("2", "yes", ""):
@@ -399,7 +399,7 @@ class SysApiTests(PerfTestCase):
                 line)
             self.assertIn("'perf'", line)
         self.assertEqual(lines[-1], "False")
-        self.assertFalse(os.path.exists(map_path(result.pid)))
+        self.assertFalse(result.wrote_map())
 
     def test_non_str_backend(self):
         result = self.run_script("""\

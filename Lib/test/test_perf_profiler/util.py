@@ -29,6 +29,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import time
 import unittest
 from typing import NamedTuple
 
@@ -67,6 +68,18 @@ class MapEntry(NamedTuple):
 def map_path(pid):
     """Path of the perf map of process `pid`."""
     return f"/tmp/perf-{pid}.map"
+
+
+def map_written_since(pid, since, path_func=None):
+    """True if /tmp/perf-<pid>.map (or path_func(pid)) was written at or
+    after `since` (a time.time() value).  Maps are never removed, so an
+    older file belongs to an earlier process that had the same pid."""
+    try:
+        mtime = os.stat((path_func or map_path)(pid)).st_mtime
+    except FileNotFoundError:
+        return False
+    # Allow for the coarse clock file times come from.
+    return mtime >= since - 0.05
 
 
 def jitdump_path(pid):
@@ -131,6 +144,12 @@ class ScriptResult(NamedTuple):
     stderr: str
     pid: int            # pid of the interpreter that ran the script
     path: str           # absolute path of the script
+    started: float = 0.0    # time.time() just before it was started
+
+    def wrote_map(self, pid=None):
+        """Did the script's process (or `pid`) write a perf map?"""
+        return map_written_since(self.pid if pid is None else pid,
+                                 self.started)
 
     def map_entries(self, pid=None):
         """Entries of the perf map of `pid` (default: the script's)."""
@@ -263,11 +282,12 @@ class PerfTestCase(unittest.TestCase):
         check=True the test fails unless the script exits with status 0.
         """
         path = write_script(self.tmpdir, source, name)
+        started = time.time()
         pid, proc = run_python([*python_args, path, *script_args],
                                env=env, cwd=self.tmpdir)
         self.files.add_pid(pid)
         result = ScriptResult(proc.returncode, proc.stdout, proc.stderr,
-                              pid, path)
+                              pid, path, started)
         if check and result.returncode != 0:
             self.fail(f"script exited with {result.returncode}\n"
                       f"stdout:\n{result.stdout}\nstderr:\n{result.stderr}")
