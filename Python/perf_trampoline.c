@@ -72,7 +72,9 @@
 #include <pthread.h>              // pthread_getattr_np()
 #include <stdarg.h>
 #include <sys/mman.h>             // mmap(), mprotect()
+#include <sys/resource.h>         // getrlimit()
 #include <sys/stat.h>             // fstat()
+#include <sys/syscall.h>          // SYS_gettid
 #include <unistd.h>               // sysconf(), getpid()
 
 /* ----------------------------------------------------------------------
@@ -299,6 +301,22 @@ static struct {
     char path[64];
 } perfmap = {.fd = -1};
 
+/* Append `value` in lowercase hex without "0x" (what perf expects). */
+static size_t
+append_hex(char *buf, size_t pos, uintptr_t value)
+{
+    char digits[2 * sizeof(value)];
+    int n = 0;
+    do {
+        digits[n++] = "0123456789abcdef"[value & 0xf];
+        value >>= 4;
+    } while (value != 0);
+    while (n > 0) {
+        buf[pos++] = digits[--n];
+    }
+    return pos;
+}
+
 static int
 perfmap_open(char *path, size_t path_size)
 {
@@ -333,16 +351,18 @@ perfmap_write_entry(const void *code, size_t code_size,
         return -1;
     }
     char line[64 + _PyPerf_MAX_NAME];
-    int n = PyOS_snprintf(line, sizeof(line), "%" PRIxPTR " %zx ",
-                          (uintptr_t)code, code_size);
-    assert(n > 0 && (size_t)n + name_size + 1 <= sizeof(line));
+    size_t n = append_hex(line, 0, (uintptr_t)code);
+    line[n++] = ' ';
+    n = append_hex(line, n, code_size);
+    line[n++] = ' ';
+    assert(n + name_size + 1 <= sizeof(line));
     memcpy(line + n, name, name_size);
     n += (int)name_size;
     line[n++] = '\n';
     if (_PyPerf_WriteAll(perfmap.fd, line, n) < 0) {
         return -1;
     }
-    perfmap.written += n;
+    perfmap.written += (off_t)n;
     return 0;
 }
 
@@ -392,10 +412,15 @@ new_arena(void)
     if (mem == MAP_FAILED) {
         return -1;
     }
+    /* A template at the start of every slot: one copy, then the filled
+       part copied onto the rest, doubling. */
     size_t count = size / perf_state.slot_size;
-    for (size_t i = 0; i < count; i++) {
-        memcpy(mem + i * perf_state.slot_size, _Py_trampoline_func_start,
-               perf_state.code_size);
+    size_t filled = perf_state.slot_size;
+    memcpy(mem, _Py_trampoline_func_start, perf_state.code_size);
+    while (filled < count * perf_state.slot_size) {
+        size_t chunk = Py_MIN(filled, count * perf_state.slot_size - filled);
+        memcpy(mem + filled, mem, chunk);
+        filled += chunk;
     }
     if (mprotect(mem, size, ARENA_PROT) < 0
         && (ARENA_PROT == (PROT_READ | PROT_EXEC)
@@ -481,7 +506,18 @@ append_escaped(char *buf, size_t pos, size_t budget, PyObject *str)
     int kind = PyUnicode_KIND(str);
     const void *data = PyUnicode_DATA(str);
     Py_ssize_t length = PyUnicode_GET_LENGTH(str);
-    for (Py_ssize_t i = 0; i < length; i++) {
+    Py_ssize_t i = 0;
+    if (PyUnicode_IS_ASCII(str)) {
+        /* The common case: copy the printable prefix in one go. */
+        const unsigned char *ascii = data;
+        Py_ssize_t room = (Py_ssize_t)(end - pos) - 3;
+        while (i < length && i < room && ascii[i] >= 0x20 && ascii[i] != 0x7f) {
+            i++;
+        }
+        memcpy(buf + pos, ascii, i);
+        pos += i;
+    }
+    for (; i < length; i++) {
         Py_UCS4 ch = PyUnicode_READ(kind, data, i);
         char enc[8];
         int n = 0;
@@ -665,10 +701,26 @@ _PyPerfTrampoline_EvalFrame(PyThreadState *tstate,
  * their caller in a profile, and the program behaves as without perf).
  */
 
+/* glibc's top of the main thread's stack (weak: absent elsewhere). */
+extern void *__libc_stack_end __attribute__((weak));
+
 static void
 compute_stack_limit(void)
 {
     stack_limit_known = 1;
+    /* The main thread: pthread_getattr_np() would parse /proc/self/maps,
+       a noticeable part of -X perf's startup cost.  Its stack ends at
+       __libc_stack_end and may grow to RLIMIT_STACK. */
+    struct rlimit rl;
+    if (&__libc_stack_end != NULL && __libc_stack_end != NULL
+        && getpid() == (pid_t)syscall(SYS_gettid)
+        && getrlimit(RLIMIT_STACK, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY
+        && rl.rlim_cur < (uintptr_t)__libc_stack_end)
+    {
+        _PyPerfTrampoline_StackLimit = (uintptr_t)__libc_stack_end
+                                       - rl.rlim_cur / STACK_BUDGET_DIVISOR;
+        return;
+    }
     pthread_attr_t attr;
     void *low;
     size_t size;
