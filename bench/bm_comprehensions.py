@@ -1,0 +1,45 @@
+"""Comprehensions.
+
+List, set and dict comprehensions and generator expressions.  In 3.11 each
+comprehension is a separate code object run as a function call (the
+comprehension is not inlined before 3.12), so this exercises one call per
+comprehension evaluation plus tight loops inside it.
+"""
+import json
+import time
+
+LOOPS = 27  # repetitions of work(): about 0.3 s in all
+
+
+def work():
+    total = 0
+    words = ["w%d" % (i % 97) for i in range(200)]
+    for r in range(500):
+        squares = [i * i for i in range(100)]
+        odd = {i for i in squares if i & 1}
+        index = {w: i for i, w in enumerate(words)}
+        nested = [[j for j in range(i % 5)] for i in range(20)]
+        total += len(odd) + len(index) + sum(len(row) for row in nested)
+        total += sum(x for x in squares if x % 3 == 0)
+    return total
+
+
+def main():
+    # CPU time of each repetition: the driver can use the fastest one.
+    chunks = []
+    for _ in range(LOOPS):
+        c0 = time.process_time()
+        result = work()
+        chunks.append(time.process_time() - c0)
+    return result, chunks
+
+
+if __name__ == "__main__":
+    t0 = time.perf_counter()
+    c0 = time.process_time()
+    total, chunks = main()
+    elapsed = time.perf_counter() - t0
+    cpu = time.process_time() - c0
+    assert total > 0, total
+    print(json.dumps({"seconds": elapsed, "cpu": cpu,
+                      "chunks": chunks}))
