@@ -656,22 +656,26 @@ compile_trampoline(PyCodeObject *co, const perf_interp *pi)
     return (_PyPerf_Trampoline)slot;
 }
 
+/* The trampoline of `co` in the main interpreter, if it has one already:
+   the case that must be fast. */
 static inline _PyPerf_Trampoline
-trampoline_for(PyInterpreterState *interp, PyCodeObject *co)
+main_lookup(PyInterpreterState *interp, PyCodeObject *co)
 {
-    Py_ssize_t index;
-    if (interp->id == 0 && _PyPerfTrampoline_MainIndex >= 0) {
-        index = _PyPerfTrampoline_MainIndex;
-        _PyPerf_Trampoline t = lookup(co, index);
-        if (t != NULL) {
-            return t;
-        }
+    if (interp->id != 0 || _PyPerfTrampoline_MainIndex < 0) {
+        return NULL;
     }
+    return lookup(co, _PyPerfTrampoline_MainIndex);
+}
+
+/* Everything else: subinterpreters, and code run for the first time. */
+static Py_NO_INLINE _PyPerf_Trampoline
+trampoline_for_slow(PyInterpreterState *interp, PyCodeObject *co)
+{
     perf_interp *pi = find_interp(interp);
     if (pi == NULL || pi->backend == NULL) {
         return NULL;
     }
-    index = pi->extra_index[backend_number(pi->backend)];
+    Py_ssize_t index = pi->extra_index[backend_number(pi->backend)];
     _PyPerf_Trampoline t = lookup(co, index);
     if (t != NULL) {
         return t;
@@ -679,14 +683,35 @@ trampoline_for(PyInterpreterState *interp, PyCodeObject *co)
     return compile_trampoline(co, pi);
 }
 
-/* The PEP 523 hook: run the frame through its code object's trampoline. */
+static inline _PyPerf_Trampoline
+trampoline_for(PyInterpreterState *interp, PyCodeObject *co)
+{
+    _PyPerf_Trampoline t = main_lookup(interp, co);
+    return t != NULL ? t : trampoline_for_slow(interp, co);
+}
+
+static Py_NO_INLINE PyObject *
+eval_frame_slow(PyThreadState *tstate, _PyInterpreterFrame *frame,
+                int throwflag)
+{
+    _PyPerf_Trampoline t = trampoline_for_slow(tstate->interp,
+                                               frame->f_code);
+    if (t == NULL) {
+        return _PyEval_EvalFrameDefault(tstate, frame, throwflag);
+    }
+    return t(tstate, frame, throwflag, _PyEval_EvalFrameDefault);
+}
+
+/* The PEP 523 hook: run the frame through its code object's trampoline.
+   The common case is a few loads and a jump to the trampoline; both exits
+   are tail calls, so the hook leaves no frame of its own. */
 PyObject *
 _PyPerfTrampoline_EvalFrame(PyThreadState *tstate,
                             _PyInterpreterFrame *frame, int throwflag)
 {
-    _PyPerf_Trampoline t = trampoline_for(tstate->interp, frame->f_code);
+    _PyPerf_Trampoline t = main_lookup(tstate->interp, frame->f_code);
     if (t == NULL) {
-        return _PyEval_EvalFrameDefault(tstate, frame, throwflag);
+        return eval_frame_slow(tstate, frame, throwflag);
     }
     return t(tstate, frame, throwflag, _PyEval_EvalFrameDefault);
 }
