@@ -637,13 +637,11 @@ static struct {
     uint8_t unwind[MAX_UNWIND_SIZE];    /* .eh_frame + .eh_frame_hdr */
     size_t unwind_size;
     size_t eh_frame_hdr_size;
-    int fd;                     /* -1 when closed */
-    off_t written;              /* bytes of whole records in the file */
+    _PyPerf_File file;          /* /tmp/jit-<pid>.dump */
     void *marker;               /* the file's first page, mapped PROT_EXEC */
     size_t marker_size;
     uint64_t code_index;        /* of the next code load */
-    char path[64];
-} jit = {.fd = -1};
+} jit = {.file = {.fd = -1}};
 
 extern char _Py_trampoline_func_start[];
 extern char _Py_trampoline_func_end[];
@@ -710,9 +708,7 @@ init_unwind_info(void)
 static int
 map_marker(void)
 {
-    char fdpath[64];
-    PyOS_snprintf(fdpath, sizeof(fdpath), "/proc/self/fd/%d", jit.fd);
-    int rfd = open(fdpath, O_RDONLY | O_CLOEXEC);
+    int rfd = _PyPerf_FileOpenReadOnly(&jit.file);
     if (rfd < 0) {
         return -1;
     }
@@ -743,11 +739,8 @@ unmap_marker(void)
 static int
 open_dump(char *path, size_t path_size)
 {
-    PyOS_snprintf(jit.path, sizeof(jit.path), "/tmp/jit-%ld.dump",
-                  (long)getpid());
-    PyOS_snprintf(path, path_size, "%s", jit.path);
-    int fd = _PyPerf_OpenProcessFile(jit.path, O_APPEND);
-    if (fd < 0) {
+    PyOS_snprintf(path, path_size, "/tmp/jit-%ld.dump", (long)getpid());
+    if (_PyPerf_FileOpen(&jit.file, path) < 0) {
         return -1;
     }
     jitdump_header header = {
@@ -758,18 +751,11 @@ open_dump(char *path, size_t path_size)
         .pid = (uint32_t)getpid(),
         .timestamp = monotonic_ns(),
     };
-    if (_PyPerf_WriteAll(fd, &header, sizeof(header)) < 0) {
+    if (_PyPerf_FileAppend(&jit.file, &header, sizeof(header)) < 0
+        || map_marker() < 0)
+    {
         int saved = errno;
-        close(fd);
-        errno = saved;
-        return -1;
-    }
-    jit.fd = fd;
-    jit.written = sizeof(header);
-    if (map_marker() < 0) {
-        int saved = errno;
-        close(fd);
-        jit.fd = -1;
+        _PyPerf_FileForget(&jit.file);
         errno = saved;
         return -1;
     }
@@ -808,11 +794,9 @@ read_exact(int fd, void *buf, size_t size, off_t offset)
    every code load, and the time of the copy, which follows the fork, so
    perf places the child's mappings after it created the child. */
 static int
-copy_parent_records(int parent_fd, off_t end)
+copy_parent_records(const _PyPerf_File *parent, off_t end)
 {
-    char fdpath[64];
-    PyOS_snprintf(fdpath, sizeof(fdpath), "/proc/self/fd/%d", parent_fd);
-    int in = open(fdpath, O_RDONLY | O_CLOEXEC);
+    int in = _PyPerf_FileOpenReadOnly(parent);
     if (in < 0) {
         return -1;
     }
@@ -845,10 +829,9 @@ copy_parent_records(int parent_fd, off_t end)
             memcpy(record + offsetof(code_load_record, tid), &tid,
                    sizeof(tid));
         }
-        if (_PyPerf_WriteAll(jit.fd, record, prefix.total_size) < 0) {
+        if (_PyPerf_FileAppend(&jit.file, record, prefix.total_size) < 0) {
             goto error;
         }
-        jit.written += prefix.total_size;
         offset += prefix.total_size;
     }
     close(in);
@@ -872,7 +855,8 @@ jit_init(char *path, size_t path_size)
     if (init_unwind_info() < 0) {
         return -1;
     }
-    if (jit.fd >= 0) {
+    if (jit.file.fd >= 0 || jit.file.size > 0) {
+        /* Open already (or closed by the program: reopened on use). */
         return 0;
     }
     return open_dump(path, path_size);
@@ -882,10 +866,6 @@ static int
 jit_write_entry(const void *code, size_t code_size,
                 const char *name, size_t name_size)
 {
-    if (jit.fd < 0) {
-        errno = EBADF;
-        return -1;
-    }
     if (code_size != jit.code_size) {
         errno = EINVAL;         /* not a copy of the described template */
         return -1;
@@ -943,10 +923,9 @@ jit_write_entry(const void *code, size_t code_size,
     p += code_size;
     size_t size = (size_t)(p - buf);
     assert(size <= sizeof(buf));
-    if (_PyPerf_WriteAll(jit.fd, buf, size) < 0) {
+    if (_PyPerf_FileAppend(&jit.file, buf, size) < 0) {
         return -1;
     }
-    jit.written += size;
     jit.code_index++;
     return 0;
 }
@@ -954,20 +933,19 @@ jit_write_entry(const void *code, size_t code_size,
 static int
 jit_after_fork_child(char *path, size_t path_size)
 {
-    if (jit.fd < 0) {
+    if (jit.file.path[0] == '\0') {
         return 0;
     }
     /* The inherited descriptor and mapping are the parent's file. */
-    int parent_fd = jit.fd;
-    off_t parent_written = jit.written;
+    _PyPerf_File parent = jit.file;
+    jit.file = (_PyPerf_File){.fd = -1};
     unmap_marker();
-    jit.fd = -1;
     int res = open_dump(path, path_size);
     if (res == 0) {
-        res = copy_parent_records(parent_fd, parent_written);
+        res = copy_parent_records(&parent, parent.size);
     }
     int saved = errno;
-    close(parent_fd);
+    _PyPerf_FileForget(&parent);
     errno = saved;
     return res;
 }

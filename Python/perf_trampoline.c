@@ -216,17 +216,27 @@ _PyPerf_WriteAll(int fd, const void *buf, size_t size)
     return 0;
 }
 
-/* Open this process's output file at `path` for writing, never following
-   a symlink, and make sure it is a plain file that we own and that nothing
-   else links to; it is made private (0600).  A file left by a dead process
-   that had our pid is emptied.  Returns an fd, or -1 with errno set. */
+/* A profiler file lives in /tmp under a predictable name, and in a
+ * process that may do anything with file descriptors.  So:
+ *
+ * - It is opened without following a symlink, without blocking on a FIFO,
+ *   and kept only if it is a plain file of ours with no other link; it is
+ *   made private (0600).  A file left by a dead process that had our pid
+ *   is emptied.
+ * - A program may close descriptors it did not open (a daemon closing them
+ *   all) and get the same number back from its next open().  Writing
+ *   through the old number would put our records into its file, so every
+ *   use checks the descriptor still refers to our file (device and inode),
+ *   and reopens our file by name if the program closed it.
+ * - A write cut short (a full disk) is undone, so the file only ever holds
+ *   whole records: only this process writes to it.
+ */
+
 int
-_PyPerf_OpenProcessFile(const char *path, int extra_flags)
+_PyPerf_FileOpen(_PyPerf_File *file, const char *path)
 {
-    /* O_NONBLOCK: opening a FIFO planted at the path must fail (ENXIO)
-       or be refused below, never wait for a reader. */
-    int fd = open(path, O_WRONLY | O_CREAT | O_NOFOLLOW | O_CLOEXEC
-                        | O_NONBLOCK | extra_flags, 0600);
+    int fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_NOFOLLOW
+                        | O_CLOEXEC | O_NONBLOCK, 0600);
     if (fd < 0) {
         return -1;
     }
@@ -240,11 +250,15 @@ _PyPerf_OpenProcessFile(const char *path, int extra_flags)
         errno = EPERM;
         goto error;
     }
-    /* A file that already existed keeps the mode it was created with. */
     if (fchmod(fd, 0600) < 0 || ftruncate(fd, 0) < 0) {
         goto error;
     }
-    return fd;
+    file->fd = fd;
+    file->dev = st.st_dev;
+    file->ino = st.st_ino;
+    file->size = 0;
+    PyOS_snprintf(file->path, sizeof(file->path), "%s", path);
+    return 0;
 
 error:;
     int saved = errno;
@@ -253,14 +267,102 @@ error:;
     return -1;
 }
 
-/* Copy the first `size` bytes of the file open (write-only) at `fd` to
-   `out`, through a read-only descriptor of the same file. */
-int
-_PyPerf_CopyFile(int fd, off_t size, int out)
+static int
+is_our_file(int fd, const _PyPerf_File *file)
 {
-    char path[64];
-    PyOS_snprintf(path, sizeof(path), "/proc/self/fd/%d", fd);
-    int in = open(path, O_RDONLY | O_CLOEXEC);
+    struct stat st;
+    return (fstat(fd, &st) == 0 && st.st_dev == file->dev
+            && st.st_ino == file->ino);
+}
+
+/* Make sure file->fd refers to our file.  Returns 0, or -1 with errno set
+   (file->fd is then -1). */
+int
+_PyPerf_FileCheck(_PyPerf_File *file)
+{
+    if (file->fd >= 0 && is_our_file(file->fd, file)) {
+        return 0;
+    }
+    /* The number is no longer ours (never close it: it may be the
+       program's now).  Reopen our file by name, if it is still there. */
+    file->fd = -1;
+    if (file->path[0] == '\0') {
+        errno = EBADF;
+        return -1;
+    }
+    int fd = open(file->path, O_WRONLY | O_APPEND | O_NOFOLLOW | O_CLOEXEC
+                              | O_NONBLOCK);
+    if (fd < 0) {
+        return -1;
+    }
+    if (!is_our_file(fd, file)) {
+        close(fd);
+        errno = ESTALE;
+        return -1;
+    }
+    file->fd = fd;
+    return 0;
+}
+
+int
+_PyPerf_FileAppend(_PyPerf_File *file, const void *buf, size_t size)
+{
+    if (_PyPerf_FileCheck(file) < 0) {
+        return -1;
+    }
+    if (_PyPerf_WriteAll(file->fd, buf, size) < 0) {
+        int saved = errno;
+        (void)ftruncate(file->fd, file->size);
+        errno = saved;
+        return -1;
+    }
+    file->size += (off_t)size;
+    return 0;
+}
+
+/* A read-only descriptor of our file (e.g. to map it, or to copy it in a
+   forked child), or -1 with errno set. */
+int
+_PyPerf_FileOpenReadOnly(const _PyPerf_File *file)
+{
+    char fdpath[64];
+    int fd = -1;
+    if (file->fd >= 0 && is_our_file(file->fd, file)) {
+        PyOS_snprintf(fdpath, sizeof(fdpath), "/proc/self/fd/%d", file->fd);
+        fd = open(fdpath, O_RDONLY | O_CLOEXEC);
+    }
+    if (fd < 0 && file->path[0] != '\0') {
+        fd = open(file->path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK);
+    }
+    if (fd < 0) {
+        return -1;
+    }
+    if (!is_our_file(fd, file)) {
+        close(fd);
+        errno = ESTALE;
+        return -1;
+    }
+    return fd;
+}
+
+/* Let go of the file (in a forked child: it is the parent's), closing the
+   descriptor only if it is still ours. */
+void
+_PyPerf_FileForget(_PyPerf_File *file)
+{
+    if (file->fd >= 0 && is_our_file(file->fd, file)) {
+        close(file->fd);
+    }
+    file->fd = -1;
+    file->size = 0;
+    file->path[0] = '\0';
+}
+
+/* Append the first `size` bytes of `from` to `to`. */
+int
+_PyPerf_CopyFile(const _PyPerf_File *from, off_t size, _PyPerf_File *to)
+{
+    int in = _PyPerf_FileOpenReadOnly(from);
     if (in < 0) {
         return -1;
     }
@@ -272,7 +374,7 @@ _PyPerf_CopyFile(int fd, off_t size, int out)
         if (n < 0 && errno == EINTR) {
             continue;
         }
-        if (n <= 0 || _PyPerf_WriteAll(out, buf, (size_t)n) < 0) {
+        if (n <= 0 || _PyPerf_FileAppend(to, buf, (size_t)n) < 0) {
             if (n == 0) {
                 errno = EIO;
             }
@@ -291,15 +393,12 @@ _PyPerf_CopyFile(int fd, off_t size, int out)
  * The perf map backend: /tmp/perf-<pid>.map
  *
  * One line per trampoline, "START SIZE NAME\n" with START and SIZE in hex
- * without "0x", written with a single write() on an O_APPEND descriptor so
- * lines never interleave.  perf reads it when it resolves samples.
+ * without "0x", written with a single write() on an O_APPEND descriptor
+ * (_PyPerf_FileAppend), so the file only ever holds whole lines.  perf
+ * reads it when it resolves samples.
  */
 
-static struct {
-    int fd;                     /* -1 when closed */
-    off_t written;              /* bytes of whole lines in this pid's file */
-    char path[64];
-} perfmap = {.fd = -1};
+static _PyPerf_File perfmap = {.fd = -1};
 
 /* Append `value` in lowercase hex without "0x" (what perf expects). */
 static size_t
@@ -318,38 +417,24 @@ append_hex(char *buf, size_t pos, uintptr_t value)
 }
 
 static int
-perfmap_open(char *path, size_t path_size)
-{
-    PyOS_snprintf(perfmap.path, sizeof(perfmap.path),
-                  "/tmp/perf-%ld.map", (long)getpid());
-    PyOS_snprintf(path, path_size, "%s", perfmap.path);
-    int fd = _PyPerf_OpenProcessFile(perfmap.path, O_APPEND);
-    if (fd < 0) {
-        return -1;
-    }
-    perfmap.fd = fd;
-    perfmap.written = 0;
-    return 0;
-}
-
-static int
 perfmap_init(char *path, size_t path_size)
 {
-    if (perfmap.fd >= 0) {
-        PyOS_snprintf(path, path_size, "%s", perfmap.path);
+    if (perfmap.path[0] == '\0') {
+        PyOS_snprintf(perfmap.path, sizeof(perfmap.path),
+                      "/tmp/perf-%ld.map", (long)getpid());
+    }
+    PyOS_snprintf(path, path_size, "%s", perfmap.path);
+    if (perfmap.fd >= 0 || perfmap.size > 0) {
+        /* Open already (or closed by the program: reopened on use). */
         return 0;
     }
-    return perfmap_open(path, path_size);
+    return _PyPerf_FileOpen(&perfmap, path);
 }
 
 static int
 perfmap_write_entry(const void *code, size_t code_size,
                     const char *name, size_t name_size)
 {
-    if (perfmap.fd < 0) {
-        errno = EBADF;
-        return -1;
-    }
     char line[64 + _PyPerf_MAX_NAME];
     size_t n = append_hex(line, 0, (uintptr_t)code);
     line[n++] = ' ';
@@ -357,33 +442,27 @@ perfmap_write_entry(const void *code, size_t code_size,
     line[n++] = ' ';
     assert(n + name_size + 1 <= sizeof(line));
     memcpy(line + n, name, name_size);
-    n += (int)name_size;
+    n += name_size;
     line[n++] = '\n';
-    if (_PyPerf_WriteAll(perfmap.fd, line, n) < 0) {
-        return -1;
-    }
-    perfmap.written += (off_t)n;
-    return 0;
+    return _PyPerf_FileAppend(&perfmap, line, n);
 }
 
 static int
 perfmap_after_fork_child(char *path, size_t path_size)
 {
-    if (perfmap.fd < 0) {
+    if (perfmap.path[0] == '\0') {
         return 0;
     }
-    int parent_fd = perfmap.fd;
-    off_t parent_written = perfmap.written;
-    perfmap.fd = -1;
-    int res = perfmap_open(path, path_size);
-    if (res == 0 && parent_written > 0) {
-        res = _PyPerf_CopyFile(parent_fd, parent_written, perfmap.fd);
-        if (res == 0) {
-            perfmap.written = parent_written;
-        }
+    /* The inherited file is the parent's: never write to it again. */
+    _PyPerf_File parent = perfmap;
+    perfmap = (_PyPerf_File){.fd = -1};
+    PyOS_snprintf(path, path_size, "/tmp/perf-%ld.map", (long)getpid());
+    int res = _PyPerf_FileOpen(&perfmap, path);
+    if (res == 0 && parent.size > 0) {
+        res = _PyPerf_CopyFile(&parent, parent.size, &perfmap);
     }
     int saved = errno;
-    close(parent_fd);
+    _PyPerf_FileForget(&parent);
     errno = saved;
     return res;
 }
