@@ -74,7 +74,9 @@
  * updating the table) disables this backend with an error instead of
  * emitting wrong unwind information.  Both tables are compiled on both
  * architectures, so tests on one machine check the other's description
- * through _PyPerfJit_BuildUnwindInfo().
+ * through _PyPerfJit_BuildUnwindInfo().  The CFA programs made here also
+ * describe the trampolines to gdb (Python/perf_gdb_jit.c, through
+ * _PyPerf_DescribeTemplate()): one description, two containers.
  *
  * Everything here runs with the GIL held.
  */
@@ -465,6 +467,63 @@ emit_frame_change(dwbuf *b, const unwind_arch *arch, template_step step)
 #undef FACTORED
 }
 
+/* The two CFA programs for `code` (a copy of the template) on `arch`:
+   the CIE's initial instructions (the rules at the first byte) and the
+   FDE's instructions (how they change, instruction by instruction).  The
+   jitdump below and the gdb JIT images (Python/perf_gdb_jit.c) wrap them
+   in their own CIE and FDE.  Returns 0, or -1 with errno set if the code
+   is not the template (ENOEXEC). */
+static int
+describe_template(const unwind_arch *arch, const uint8_t *code,
+                  size_t code_size, _PyPerf_TemplateCFI *cfi, int warn)
+{
+    frame_change changes[16];
+    assert(arch->insn_count <= Py_ARRAY_LENGTH(changes));
+    Py_ssize_t nchanges = match_template(arch, code, code_size, changes,
+                                         warn);
+    if (nchanges < 0) {
+        return -1;
+    }
+    cfi->code_size = code_size;
+    cfi->code_align = arch->code_align;
+    cfi->data_align = arch->data_align;
+    cfi->ra_column = arch->ra_column;
+
+    dwbuf b = {.start = cfi->initial, .size = sizeof(cfi->initial)};
+    /* DW_CFA_def_cfa: CFA = sp + entry offset */
+    emit_u8(&b, DW_CFA_def_cfa);
+    emit_uleb128(&b, arch->sp_reg);
+    emit_uleb128(&b, arch->entry_cfa_offset);
+    if (!arch->push_saves_ra) {
+        /* DW_CFA_offset: the return address is on the stack, at CFA - 8 */
+        emit_u8(&b, DW_CFA_offset | arch->ra_column);
+        emit_uleb128(&b, 8 / -arch->data_align);
+    }
+    cfi->initial_size = b.pos;
+    int overflow = b.overflow;
+
+    b = (dwbuf){.start = cfi->program, .size = sizeof(cfi->program)};
+    size_t loc = 0;
+    for (Py_ssize_t i = 0; i < nchanges; i++) {
+        emit_advance(&b, arch, &loc, changes[i].offset);
+        emit_frame_change(&b, arch, changes[i].step);
+    }
+    cfi->program_size = b.pos;
+    if (overflow || b.overflow) {
+        errno = ENOSPC;
+        return -1;
+    }
+    return 0;
+}
+
+static void
+emit_bytes(dwbuf *b, const uint8_t *bytes, size_t size)
+{
+    for (size_t i = 0; i < size; i++) {
+        emit_u8(b, bytes[i]);
+    }
+}
+
 /* Build the unwinding data for `code` (a copy of the template) into buf:
    .eh_frame (CIE, FDE, terminator) then .eh_frame_hdr.  Returns the total
    size and stores the .eh_frame_hdr size in *hdr_size; -1 with errno set
@@ -474,11 +533,8 @@ build_unwind_info(const unwind_arch *arch, const uint8_t *code,
                   size_t code_size, uint8_t *buf, size_t buf_size,
                   size_t *hdr_size, int warn)
 {
-    frame_change changes[16];
-    assert(arch->insn_count <= Py_ARRAY_LENGTH(changes));
-    Py_ssize_t nchanges = match_template(arch, code, code_size, changes,
-                                         warn);
-    if (nchanges < 0) {
+    _PyPerf_TemplateCFI cfi;
+    if (describe_template(arch, code, code_size, &cfi, warn) < 0) {
         return -1;
     }
     dwbuf b = {.start = buf, .size = buf_size};
@@ -490,20 +546,12 @@ build_unwind_info(const unwind_arch *arch, const uint8_t *code,
     emit_u8(&b, 'z');                   /* augmentation "zR": */
     emit_u8(&b, 'R');                   /*   FDE pointer encoding follows */
     emit_u8(&b, 0);
-    emit_uleb128(&b, arch->code_align);
-    emit_sleb128(&b, arch->data_align);
-    emit_u8(&b, arch->ra_column);       /* (a byte in version 1) */
+    emit_uleb128(&b, cfi.code_align);
+    emit_sleb128(&b, cfi.data_align);
+    emit_u8(&b, (uint8_t)cfi.ra_column);    /* (a byte in version 1) */
     emit_uleb128(&b, 1);                /* augmentation data size */
     emit_u8(&b, DW_EH_PE_pcrel | DW_EH_PE_sdata4);
-    /* DW_CFA_def_cfa: CFA = sp + entry offset */
-    emit_u8(&b, DW_CFA_def_cfa);
-    emit_uleb128(&b, arch->sp_reg);
-    emit_uleb128(&b, arch->entry_cfa_offset);
-    if (!arch->push_saves_ra) {
-        /* DW_CFA_offset: the return address is on the stack, at CFA - 8 */
-        emit_u8(&b, DW_CFA_offset | arch->ra_column);
-        emit_uleb128(&b, 8 / -arch->data_align);
-    }
+    emit_bytes(&b, cfi.initial, cfi.initial_size);
     end_block(&b, cie);
 
     /* .eh_frame, FDE: the template's own rules, change by change. */
@@ -514,11 +562,7 @@ build_unwind_info(const unwind_arch *arch, const uint8_t *code,
     emit_s32(&b, -(int32_t)(EH_FRAME_DISTANCE(code_size) + b.pos));
     emit_u32(&b, (uint32_t)code_size);          /* pc_range */
     emit_uleb128(&b, 0);                        /* augmentation data size */
-    size_t loc = 0;
-    for (Py_ssize_t i = 0; i < nchanges; i++) {
-        emit_advance(&b, arch, &loc, changes[i].offset);
-        emit_frame_change(&b, arch, changes[i].step);
-    }
+    emit_bytes(&b, cfi.program, cfi.program_size);
     end_block(&b, fde);
     emit_u32(&b, 0);                    /* terminator: a zero length */
     size_t eh_frame_size = b.pos;
@@ -662,13 +706,18 @@ current_tid(void)
     return (uint32_t)syscall(SYS_gettid);
 }
 
+static const unwind_arch *
+host_arch(void)
+{
+    return HOST_MACHINE == ELF_MACHINE_X86_64 ? &x86_64_arch : &aarch64_arch;
+}
+
 /* Describe the template once; the answer is kept. */
 static int
 init_unwind_info(void)
 {
     if (jit.status == JIT_STATUS_NO_INIT) {
-        const unwind_arch *arch = HOST_MACHINE == ELF_MACHINE_X86_64
-                                  ? &x86_64_arch : &aarch64_arch;
+        const unwind_arch *arch = host_arch();
         size_t code_size = _Py_trampoline_func_end
                            - _Py_trampoline_func_start;
         Py_ssize_t n = -1;
@@ -696,6 +745,18 @@ init_unwind_info(void)
         return -1;
     }
     return 0;
+}
+
+/* The running template's CFA programs, for Python/perf_gdb_jit.c.  No
+   warning here: that file's tables are a silent extra, and this backend
+   warns about a template it cannot describe when it is activated. */
+int
+_PyPerf_DescribeTemplate(_PyPerf_TemplateCFI *cfi)
+{
+    return describe_template(host_arch(),
+                             (const uint8_t *)_Py_trampoline_func_start,
+                             _Py_trampoline_func_end
+                             - _Py_trampoline_func_start, cfi, 0);
 }
 
 /* ----------------------------------------------------------------------

@@ -51,7 +51,8 @@
  * file) or a jitdump (Python/perf_jit_trampoline.c).  perf reads those files
  * at report time, long after the process is gone, so they are never removed.
  * A forked child has a new pid, so it starts its own file holding everything
- * it inherited.
+ * it inherited.  Debuggers learn about each arena, all its slots at once,
+ * when it is made (Python/perf_gdb_jit.c, gdb's JIT interface).
  *
  * Everything here runs with the GIL held (3.11 has one GIL for all
  * interpreters), which serializes all state changes and all file writes.
@@ -86,6 +87,9 @@
 
 /* Each trampoline starts on its own 16-byte boundary: branch targets. */
 #define SLOT_ALIGN 16
+
+/* Slots are described to gdb this many bytes at a time. */
+#define GDB_CHUNK_SIZE 4096
 
 /* Name budget in bytes (after escaping): a longer name is cut and ends in
    "...".  Keeps every entry one bounded line. */
@@ -146,6 +150,7 @@ static struct {
     size_t code_size;             /* bytes of the template */
     size_t slot_size;             /* code_size rounded up to SLOT_ALIGN */
     char *next;                   /* next free slot in the current arena */
+    char *described;              /* end of the part described to gdb */
     char *limit;                  /* end of the current arena */
     size_t arena_count;
     size_t trampoline_count;
@@ -513,6 +518,7 @@ new_arena(void)
     }
     __builtin___clear_cache(mem, mem + size);
     perf_state.next = mem;
+    perf_state.described = mem;
     perf_state.limit = mem + count * perf_state.slot_size;
     perf_state.arena_count++;
     return 0;
@@ -543,6 +549,24 @@ init_arenas(void)
     return 0;
 }
 
+/* Every slot of an arena holds a trampoline from the start, so gdb can be
+   told about them ahead of use (Python/perf_gdb_jit.c); that is done a
+   page of slots at a time, as they are handed out, so that its cost
+   follows use. */
+static void
+describe_to_debuggers(void)
+{
+    size_t chunk = _Py_SIZE_ROUND_UP(GDB_CHUNK_SIZE, perf_state.slot_size);
+    char *end = perf_state.described
+                + _Py_SIZE_ROUND_UP(perf_state.next - perf_state.described,
+                                    chunk);
+    end = Py_MIN(end, perf_state.limit);
+    _PyPerf_GdbRegisterCode(perf_state.described,
+                            end - perf_state.described,
+                            perf_state.slot_size);
+    perf_state.described = end;
+}
+
 /* Hand out a trampoline that owns `span` bytes of address space: one slot,
    or several consecutive ones (the first holds the trampoline). */
 static char *
@@ -560,6 +584,9 @@ new_slot(size_t span)
     }
     char *slot = perf_state.next;
     perf_state.next += size;
+    if (perf_state.next > perf_state.described) {
+        describe_to_debuggers();
+    }
     perf_state.trampoline_count++;
     return slot;
 }

@@ -5,16 +5,20 @@ Each test runs the interpreter in a subprocess and checks its output and
 the /tmp/perf-<pid>.map it leaves behind.
 """
 
+import json
 import os
 import re
+import shutil
 import stat
+import subprocess
 import sys
 import textwrap
 import unittest
 
+from test import support
 from test.test_perf_profiler.util import (
-    PerfTestCase, clean_env, gdb_available, gdb_backtrace, map_path,
-    parse_map, perf_record_works, record_samples, write_script)
+    GDB_FRAME_RE, PerfTestCase, clean_env, gdb_available, gdb_backtrace,
+    map_path, parse_map, perf_record_works, record_samples, write_script)
 
 EVAL = "_PyEval_EvalFrameDefault"
 
@@ -1226,7 +1230,51 @@ class StackSafetyTests(PerfTestCase):
                     r"^small maximum recursion depth exceeded \d+\n$")
 
 
+# gdb learns about trampolines through its JIT interface
+# (Python/perf_gdb_jit.c): one in-memory ELF image per arena, with a
+# function symbol and an FDE for every slot.
+GDB_TRAMPOLINE = "py_trampoline"
+
+GDB_OPTIONS = ("-batch", "-nx", "-iex", "set debuginfod enabled off",
+               "-iex", "set auto-load no", "-ex", "set pagination off",
+               "-ex", "set print frame-arguments none")
+
+
+def run_gdb(commands, args=(), *, attach=None, timeout=support.SHORT_TIMEOUT):
+    """Run gdb -batch with `commands` (each an -ex) on the program `args`,
+    or attached to the process `attach`; return its whole output."""
+    cmd = ["gdb", *GDB_OPTIONS]
+    if attach is not None:
+        cmd += ["-p", str(attach)]
+    for command in commands:
+        cmd += ["-ex", command]
+    if args:
+        cmd += ["--args", *args]
+    proc = subprocess.run(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL, text=True, errors="backslashreplace",
+        env=clean_env(), timeout=timeout)
+    return proc.stdout
+
+
+def backtraces(output):
+    """The frame names of each "bt" in gdb's output, innermost first."""
+    traces = []
+    for line in output.splitlines():
+        match = GDB_FRAME_RE.match(line)
+        if match is None:
+            continue
+        if match.group(1) == "0":
+            traces.append([])
+        if traces:
+            traces[-1].append(match.group(2))
+    return traces
+
+
 class GdbTests(PerfTestCase):
+    """gdb unwinds through trampolines: a backtrace taken anywhere in a
+    Python call reaches main, each Python level an evaluator frame called
+    by its trampoline."""
 
     SCRIPT = """\
         import os
@@ -1245,11 +1293,16 @@ class GdbTests(PerfTestCase):
         if reason:
             self.skipTest(reason)
 
-    @staticmethod
-    def is_trampoline(name):
-        # gdb knows no symbol for a trampoline: "??" (or a py:: name, if
-        # the trampolines are ever described to it).
-        return name == "??" or name.startswith("py::")
+    def assertPythonLevels(self, names, levels, output):
+        """`levels` Python calls in a row, each an evaluator called by a
+        trampoline gdb names, and the whole stack down to main."""
+        run = [EVAL, GDB_TRAMPOLINE] * levels
+        self.assertTrue(
+            any(names[i:i + len(run)] == run for i in range(len(names))),
+            output)
+        self.assertNotIn("??", names, output)
+        self.assertNotIn("Backtrace stopped", output)
+        self.assertIn("Py_BytesMain", names, output)
 
     def test_backtrace_walks_through_trampolines(self):
         path = write_script(self.tmpdir, self.SCRIPT)
@@ -1258,20 +1311,432 @@ class GdbTests(PerfTestCase):
         if names[:1] != ["os_getppid"] or "Py_BytesMain" not in names:
             self.skipTest("gdb cannot unwind this interpreter without "
                           "trampolines either:\n" + output[-1000:])
-        names, output = gdb_backtrace([sys.executable, "-X", "perf", path],
-                                      "os_getppid")
-        self.assertEqual(names[:1], ["os_getppid"], output)
-        # leaf, middle, top and <module>: each an evaluator called by its
-        # trampoline, called by the caller's evaluator.
-        compressed = [EVAL if name == EVAL
-                      else "trampoline" if self.is_trampoline(name)
-                      else name for name in names]
-        run = [EVAL, "trampoline"] * 4
-        self.assertTrue(
-            any(compressed[i:i + len(run)] == run
-                for i in range(len(compressed))), output)
-        self.assertNotIn("Backtrace stopped", output)
-        self.assertIn("Py_BytesMain", names, output)
+        for backend in ("perf", "perf_jit"):
+            with self.subTest(backend=backend):
+                names, output = gdb_backtrace(
+                    [sys.executable, "-X", backend, path], "os_getppid")
+                self.assertEqual(names[:1], ["os_getppid"], output)
+                # leaf, middle, top and <module>
+                self.assertPythonLevels(names, 4, output)
+
+    def test_backtrace_from_the_evaluator(self):
+        # Stop at the entry of inner()'s evaluator, four levels deep: its
+        # caller is the trampoline, at the instruction after the call.
+        path = write_script(self.tmpdir, """\
+            import os
+            def inner():
+                return 1
+            def leaf():
+                os.getppid()
+                return inner()
+            def middle():
+                return leaf()
+            def top():
+                return middle()
+            top()
+            """)
+        for backend in ("perf", "perf_jit"):
+            with self.subTest(backend=backend):
+                output = run_gdb(
+                    ["break os_getppid", "run",
+                     f"break {EVAL}", "continue", "bt", "kill"],
+                    [sys.executable, "-X", backend, path])
+                traces = backtraces(output)
+                self.assertEqual(len(traces), 1, output)
+                names = traces[0]
+                self.assertEqual(names[:2], [EVAL, GDB_TRAMPOLINE], output)
+                # inner, leaf, middle, top and <module>
+                self.assertPythonLevels(names, 5, output)
+
+    # Run inside gdb: stop in leaf()'s first call, then break at every
+    # instruction of leaf()'s trampoline (its address from the perf map)
+    # and take a backtrace at each stop.  The first call hits the
+    # instructions after the call; the second call, all of them.
+    STEP_SCRIPT = """\
+        import gdb
+
+        def stack():
+            names = []
+            frame = gdb.newest_frame()
+            while frame is not None:
+                names.append(frame.name() or "??")
+                last, frame = frame, frame.older()
+            return names, gdb.frame_stop_reason_string(
+                last.unwind_stop_reason())
+
+        gdb.execute("run")
+        pid = gdb.selected_inferior().pid
+        with open(f"/tmp/perf-{{pid}}.map", encoding="utf-8") as f:
+            for line in f:
+                start, size, name = line.rstrip("\\n").split(" ", 2)
+                if name == {target!r}:
+                    start, size = int(start, 16), int(size, 16)
+                    break
+        frame = gdb.newest_frame()
+        while not start <= frame.pc() < start + size:
+            frame = frame.older()
+        print("RETURN", frame.pc() - start)
+        arch = gdb.selected_frame().architecture()
+        insns = arch.disassemble(start, start + size - 1)
+        print("INSNS", *(insn["addr"] - start for insn in insns))
+        gdb.execute("delete")
+        for insn in insns:
+            gdb.Breakpoint(f"*{{insn['addr']:#x}}")
+        for _ in range(100):
+            gdb.execute("continue")
+            if not gdb.selected_inferior().threads():
+                break
+            names, reason = stack()
+            offset = gdb.selected_frame().pc() - start
+            print("STOP", offset, ",".join(names), reason)
+        """
+
+    def test_every_instruction_of_a_trampoline(self):
+        probe = run_gdb(["python print('gdb has python')"])
+        if "gdb has python" not in probe:
+            self.skipTest("this gdb has no Python support:\n" + probe)
+        path = write_script(self.tmpdir, """\
+            import os
+            def leaf():
+                return os.getppid()
+            def middle():
+                leaf()
+                return leaf()
+            def top():
+                return middle()
+            top()
+            """)
+        commands = write_script(
+            self.tmpdir,
+            self.STEP_SCRIPT.format(target=f"py::leaf:{path}"),
+            name="commands.py")
+        output = run_gdb(["break os_getppid", f"source {commands}"],
+                         [sys.executable, "-X", "perf", path])
+        insns = returns_to = None
+        stops = []
+        for line in output.splitlines():
+            words = line.split()
+            if words[:1] == ["INSNS"]:
+                insns = [int(word) for word in words[1:]]
+            elif words[:1] == ["RETURN"]:
+                returns_to = int(words[1])
+            elif words[:1] == ["STOP"]:
+                _, offset, names, reason = line.split(" ", 3)
+                stops.append((int(offset), reason, names.split(",")))
+        self.assertIsNotNone(insns, output)
+        self.assertIn(returns_to, insns, output)
+        self.assertGreater(returns_to, insns[0], output)
+        # The first call is past its call instruction; the second one
+        # runs them all.
+        expected = [offset for offset in insns if offset >= returns_to]
+        self.assertEqual([offset for offset, _, _ in stops],
+                         expected + insns, output)
+        for offset, reason, names in stops:
+            with self.subTest(offset=offset):
+                # leaf's trampoline, then middle, top and <module>.
+                self.assertEqual(names[0], GDB_TRAMPOLINE, output)
+                self.assertEqual(names[1:7], [EVAL, GDB_TRAMPOLINE] * 3,
+                                 output)
+                self.assertIn("Py_BytesMain", names, output)
+                self.assertEqual(reason, "outermost", output)
+
+    def test_py_bt(self):
+        # CPython's gdb extension walks the C stack for evaluator frames:
+        # it needs the unwinding through trampolines too.
+        extension = os.path.join(os.path.dirname(sys.executable),
+                                 "python-gdb.py")
+        if not os.path.exists(extension):
+            self.skipTest(f"needs the build directory's {extension}")
+        probe = run_gdb(["python print('gdb has python')"])
+        if "gdb has python" not in probe:
+            self.skipTest("this gdb has no Python support:\n" + probe)
+        path = write_script(self.tmpdir, self.SCRIPT)
+        output = run_gdb([f"source {extension}", "break os_getppid", "run",
+                          "py-bt", "kill"],
+                         [sys.executable, "-X", "perf", path])
+        functions = re.findall(rf'^  File "{re.escape(path)}", line \d+, '
+                               rf'in (\S+)$', output, re.MULTILINE)
+        self.assertEqual(functions, ["leaf", "middle", "top", "<module>"],
+                         output)
+        self.assertNotIn("Python Exception", output)
+
+    def test_attach_to_process_and_forked_child(self):
+        # gdb -p finds the images already registered, by walking the list;
+        # a forked child has the parent's images at the same addresses.
+        path = write_script(self.tmpdir, """\
+            import os, sys
+            def leaf():
+                return os.read(0, 1)        # until the test closes stdin
+            def middle():
+                pid = os.fork()
+                role = "child" if pid == 0 else "parent"
+                # One write(): print() may split a line between writes.
+                os.write(1, f"{role} {os.getpid()}\\n".encode())
+                leaf()
+                if pid == 0:
+                    os._exit(0)
+                os.waitpid(pid, 0)
+            def top():
+                return middle()
+            top()
+            """)
+        proc = subprocess.Popen(
+            [sys.executable, "-X", "perf", path], stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE, text=True, env=clean_env())
+        try:
+            pids = {}
+            for _ in range(2):
+                role, pid = proc.stdout.readline().split()
+                pids[role] = int(pid)
+                self.files.add_pid(pid)
+            for role, pid in sorted(pids.items()):
+                with self.subTest(role):
+                    output = run_gdb(["bt", "detach"], attach=pid)
+                    if "ptrace: Operation not permitted" in output:
+                        self.skipTest("gdb may not attach here (ptrace "
+                                      "scope):\n" + output[-500:])
+                    traces = backtraces(output)
+                    self.assertEqual(len(traces), 1, output)
+                    # leaf, middle, top and <module>
+                    self.assertPythonLevels(traces[0], 4, output)
+        finally:
+            proc.stdin.close()
+            proc.stdout.close()
+            proc.wait(timeout=support.SHORT_TIMEOUT)
+        self.assertEqual(proc.returncode, 0)
+
+
+class GdbJitImageTests(PerfTestCase):
+    """The ELF images Python/perf_gdb_jit.c hands gdb, read back from a
+    running interpreter through __jit_debug_descriptor and decoded with
+    readelf: one per arena, one symbol and one FDE per slot, the FDEs'
+    rules right at every instruction of the template."""
+
+    # Make trampolines until a second arena exists, then walk the list
+    # and dump every image into the current directory.
+    SCRIPT = """\
+        import ctypes, json, types
+
+        class Entry(ctypes.Structure):
+            pass
+        Entry._fields_ = [
+            ("next_entry", ctypes.POINTER(Entry)),
+            ("prev_entry", ctypes.POINTER(Entry)),
+            ("symfile_addr", ctypes.c_void_p),
+            ("symfile_size", ctypes.c_uint64),
+        ]
+        class Descriptor(ctypes.Structure):
+            _fields_ = [
+                ("version", ctypes.c_uint32),
+                ("action_flag", ctypes.c_uint32),
+                ("relevant_entry", ctypes.POINTER(Entry)),
+                ("first_entry", ctypes.POINTER(Entry)),
+            ]
+        api = ctypes.PyDLL(None)
+        descriptor = Descriptor.in_dll(api, "__jit_debug_descriptor")
+
+        def entries():
+            found = []
+            entry = descriptor.first_entry
+            while entry:
+                found.append(entry)
+                entry = entry.contents.next_entry
+            return found
+
+        code = compile("def f(): return 1", "generated.py", "exec")
+        body = code.co_consts[0]
+        for i in range(100_000):
+            if i % 256 == 0 and len(entries()) >= 2:
+                break
+            types.FunctionType(body.replace(co_name=f"f{i}"), {})()
+
+        images = []
+        previous = None
+        for n, entry in enumerate(entries()):
+            e = entry.contents
+            with open(f"image{n}.o", "wb") as f:
+                f.write(ctypes.string_at(e.symfile_addr, e.symfile_size))
+            prev = ctypes.cast(e.prev_entry, ctypes.c_void_p).value
+            images.append({"path": f"image{n}.o", "size": e.symfile_size,
+                           "prev_ok": prev == previous})
+            previous = ctypes.addressof(e)
+        start = ctypes.addressof(ctypes.c_char.in_dll(
+            api, "_Py_trampoline_func_start"))
+        end = ctypes.addressof(ctypes.c_char.in_dll(
+            api, "_Py_trampoline_func_end"))
+        print(json.dumps({
+            "version": descriptor.version,
+            "action_flag": descriptor.action_flag,
+            "relevant_entry": bool(descriptor.relevant_entry),
+            "template_size": end - start,
+            "images": images,
+        }))
+        """
+
+    def setUp(self):
+        super().setUp()
+        if shutil.which("readelf") is None:
+            self.skipTest("readelf (binutils) is not installed")
+
+    def readelf(self, *args):
+        proc = subprocess.run(["readelf", "-W", *args],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True, errors="backslashreplace",
+                              timeout=support.SHORT_TIMEOUT)
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        self.assertNotIn("Warning", proc.stderr)
+        return proc.stdout
+
+    def sections(self, path):
+        """{name: (type, address, size, flags)} from readelf -S."""
+        found = {}
+        for line in self.readelf("-S", path).splitlines():
+            match = re.match(r"^\s*\[\s*\d+\]\s+(\S+)\s+(\S+)\s+([0-9a-f]+) "
+                             r"[0-9a-f]+ ([0-9a-f]+) [0-9a-f]+\s+(\S*)\s+\d",
+                             line)
+            if match:
+                name, kind, addr, size, flags = match.groups()
+                found[name] = (kind, int(addr, 16), int(size, 16), flags)
+        return found
+
+    def symbols(self, path):
+        """[(value, size, type, bind, section, name)] from readelf -s."""
+        found = []
+        for line in self.readelf("-s", path).splitlines():
+            words = line.split()
+            if len(words) in (7, 8) and re.fullmatch(r"\d+:", words[0]):
+                found.append((int(words[1], 16), int(words[2]), words[3],
+                              words[4], words[6], " ".join(words[7:])))
+        return found
+
+    def fdes(self, path):
+        """[(pc_begin, pc_end, [(offset from pc_begin, cfa, rules)])] from
+        readelf --debug-dump=frames-interp, and the number of CIEs."""
+        fdes = []
+        cies = 0
+        columns = None
+        for line in self.readelf("--debug-dump=frames-interp",
+                                 path).splitlines():
+            words = line.split()
+            match = re.match(r"^[0-9a-f]+ [0-9a-f]+ [0-9a-f]+ FDE cie=\S+ "
+                             r"pc=([0-9a-f]+)\.\.([0-9a-f]+)$", line)
+            if match:
+                begin, end = (int(x, 16) for x in match.groups())
+                fdes.append((begin, end, []))
+                columns = None
+            elif re.match(r"^[0-9a-f]+ [0-9a-f]+ [0-9a-f]+ CIE", line):
+                cies += 1
+                fdes.append(None)       # the CIE's rows go nowhere
+            elif not words:
+                columns = None          # the end of a CIE or FDE
+            elif words[:1] == ["LOC"]:
+                columns = words[2:]
+            elif words and columns is not None and fdes[-1] is not None:
+                begin, _, rows = fdes[-1]
+                rows.append((int(words[0], 16) - begin, words[1],
+                             dict(zip(columns, words[2:]))))
+        return [fde for fde in fdes if fde is not None], cies
+
+    def test_images(self):
+        # Rules derived from the template's disassembly, as test_jit does.
+        from test.test_perf_profiler.test_jit import (
+            HOST_MACHINE, TEXT_ADDRESS, FrameModel, disassemble, make_elf,
+            running_template, unwind_info_from_c)
+        if HOST_MACHINE is None:
+            self.skipTest("not an x86_64 or aarch64 host")
+        template = running_template()
+        elf = os.path.join(self.tmpdir, "template.so")
+        with open(elf, "wb") as f:
+            f.write(make_elf(HOST_MACHINE, template,
+                             *unwind_info_from_c(HOST_MACHINE, template)))
+        model = FrameModel(HOST_MACHINE)
+        expected_rows = []
+        for address, size, text in disassemble(self, HOST_MACHINE, elf):
+            expected_rows.append((address - TEXT_ADDRESS, model.cfa_text(),
+                                  dict(model.rules)))
+            self.assertTrue(model.step(text), text)
+
+        result = self.run_script(self.SCRIPT, python_args=["-X", "perf"])
+        info = json.loads(result.stdout)
+        # Registered and back to "no action", as the protocol asks.
+        self.assertEqual((info["version"], info["action_flag"],
+                          info["relevant_entry"]), (1, 0, False))
+        self.assertEqual(info["template_size"], len(template))
+        images = info["images"]
+        self.assertEqual(len(images), 2, "one image per arena")
+        texts = []
+        for image in images:
+            with self.subTest(image=image["path"]):
+                self.assertTrue(image["prev_ok"], "list links")
+                path = os.path.join(self.tmpdir, image["path"])
+                header = self.readelf("-h", path)
+                self.assertRegex(header, r"Type:\s+REL ")
+                self.assertRegex(header, r"Class:\s+ELF64")
+                machine = {62: "X86-64", 183: "AArch64"}[HOST_MACHINE]
+                self.assertRegex(header, rf"Machine:\s+.*{machine}")
+
+                sections = self.sections(path)
+                self.assertEqual(sorted(sections), [
+                    ".eh_frame", ".shstrtab", ".strtab", ".symtab", ".text"])
+                kind, text, text_size, flags = sections[".text"]
+                self.assertEqual((kind, flags), ("NOBITS", "AX"))
+                self.assertEqual(sections[".eh_frame"][0], "PROGBITS")
+                texts.append((text, text_size))
+
+                # One symbol per slot, each at a slot's start.
+                symbols = self.symbols(path)
+                self.assertEqual(symbols[0], (0, 0, "NOTYPE", "LOCAL", "UND",
+                                              ""))
+                funcs = symbols[1:]
+                slot = funcs[1][0] - funcs[0][0]
+                self.assertGreaterEqual(slot, len(template))
+                self.assertEqual(slot % 16, 0)
+                slots = text_size // slot
+                self.assertEqual(text_size % slot, 0)
+                self.assertEqual(funcs, [
+                    (i * slot, len(template), "FUNC", "LOCAL", "1",
+                     GDB_TRAMPOLINE) for i in range(slots)])
+
+                # One CIE, one FDE per slot, each with the template's
+                # rules at every instruction boundary.
+                fdes, cies = self.fdes(path)
+                self.assertEqual(cies, 1)
+                self.assertEqual(len(fdes), slots)
+                self.check_rows(fdes[0][2], expected_rows)
+                for i, (begin, end, rows) in enumerate(fdes):
+                    self.assertEqual((begin, end),
+                                     (text + i * slot,
+                                      text + i * slot + len(template)))
+                    self.assertEqual(rows, fdes[0][2])
+
+                # The section headers end the image.
+                shoff = re.search(r"Start of section headers:\s+(\d+)",
+                                  header)
+                self.assertEqual(int(shoff.group(1)) + 6 * 64,
+                                 image["size"])
+
+        # The arenas do not overlap, and every trampoline of the map
+        # starts at a slot of one of them.
+        texts.sort()
+        for (a, a_size), (b, _) in zip(texts, texts[1:]):
+            self.assertLessEqual(a + a_size, b)
+        entries = result.map_entries()
+        self.assertGreater(len(entries), sum(size for _, size in texts)
+                           // slot // 2)
+        for entry in entries:
+            self.assertTrue(any(text <= entry.start < text + size
+                                and (entry.start - text) % slot == 0
+                                for text, size in texts), entry)
+
+    def check_rows(self, rows, expected_rows):
+        """The rules in force at each instruction's offset."""
+        self.assertTrue(rows)
+        for offset, cfa, rules in expected_rows:
+            row = [r for r in rows if r[0] <= offset][-1]
+            self.assertEqual(row[1], cfa, f"CFA at +{offset}")
+            for column, rule in row[2].items():
+                self.assertEqual(rule, rules.get(column, "u"),
+                                 f"{column} at +{offset}")
 
 
 class PerfRecordTests(PerfTestCase):
