@@ -8,6 +8,7 @@ failing case; it is counted as one failed case so it cannot go unnoticed.
 """
 
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -74,7 +75,17 @@ def run_tooling_tests():
     return result.testsRun - failed - skipped, failed, skipped
 
 
+def restore_signals():
+    """A shell started in the background (a CI runner, cmd &) hands its
+    children SIGINT and SIGQUIT ignored, an ignored disposition survives
+    exec, and a Python started that way never raises KeyboardInterrupt:
+    every test about it would fail.  Give the tests the usual defaults."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGQUIT, signal.SIG_DFL)
+
+
 def main():
+    restore_signals()
     tests = [t for t in REGRTESTS
              if os.path.exists(os.path.join(TREE, "Lib", "test", t))
              or os.path.exists(os.path.join(TREE, "Lib", "test", t + ".py"))]
