@@ -405,6 +405,28 @@ _PyPerf_CopyFile(const _PyPerf_File *from, off_t size, _PyPerf_File *to)
 
 static _PyPerf_File perfmap = {.fd = -1};
 
+/* Lines made during interpreter startup (importlib, site: some 150
+   functions) are written together when startup ends, instead of with two
+   system calls each.  After that every line is written as it is made, so
+   a process that dies leaves a complete map. */
+static struct {
+    int active;
+    size_t len;
+    char data[32 * 1024];
+} startup_lines;
+
+static int
+perfmap_flush_startup_lines(void)
+{
+    if (startup_lines.len == 0) {
+        return 0;
+    }
+    int res = _PyPerf_FileAppend(&perfmap, startup_lines.data,
+                                 startup_lines.len);
+    startup_lines.len = 0;
+    return res;
+}
+
 /* Append `value` in lowercase hex without "0x" (what perf expects). */
 static size_t
 append_hex(char *buf, size_t pos, uintptr_t value)
@@ -449,6 +471,16 @@ perfmap_write_entry(const void *code, size_t code_size,
     memcpy(line + n, name, name_size);
     n += name_size;
     line[n++] = '\n';
+    if (startup_lines.active) {
+        if (startup_lines.len + n > sizeof(startup_lines.data)
+            && perfmap_flush_startup_lines() < 0)
+        {
+            return -1;
+        }
+        memcpy(startup_lines.data + startup_lines.len, line, n);
+        startup_lines.len += n;
+        return 0;
+    }
     return _PyPerf_FileAppend(&perfmap, line, n);
 }
 
@@ -465,6 +497,10 @@ perfmap_after_fork_child(char *path, size_t path_size)
     int res = _PyPerf_FileOpen(&perfmap, path);
     if (res == 0 && parent.size > 0) {
         res = _PyPerf_CopyFile(&parent, parent.size, &perfmap);
+    }
+    if (res == 0) {
+        /* Lines the parent had not written yet: it will, to its file. */
+        res = perfmap_flush_startup_lines();
     }
     int saved = errno;
     _PyPerf_FileForget(&parent);
@@ -1154,6 +1190,9 @@ _PyPerfTrampoline_InitFromConfig(PyThreadState *tstate)
     if (_PyStatus_EXCEPTION(status) || backend == NULL) {
         return status;
     }
+#ifdef PY_HAVE_PERF_TRAMPOLINE
+    startup_lines.active = 1;
+#endif
     if (_PyPerfTrampoline_Activate(tstate, backend) == 0) {
         return _PyStatus_OK();
     }
@@ -1180,4 +1219,17 @@ _PyPerfTrampoline_InitFromConfig(PyThreadState *tstate)
     Py_XDECREF(tb);
     PyErr_Clear();
     return _PyStatus_OK();
+}
+
+/* The interpreter finished starting: write what startup made. */
+void
+_PyPerfTrampoline_StartupDone(void)
+{
+#ifdef PY_HAVE_PERF_TRAMPOLINE
+    startup_lines.active = 0;
+    if (perfmap_flush_startup_lines() < 0) {
+        report_failure("cannot write the profiler's file; new functions "
+                       "are missing from it");
+    }
+#endif
 }
