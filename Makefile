@@ -8,7 +8,11 @@ NPROC     := $(shell nproc 2>/dev/null || echo 2)
 # configure defaults on x86_64/aarch64 Linux).
 CONFIGURE_FLAGS ?=
 
-.PHONY: all build deps tree export test demo bench clean help
+# A second interpreter, built without frame pointers, for the perf_jit
+# tests and demo (the configuration perf_jit exists for).
+NOFP_TREE := build/cpython-nofp
+
+.PHONY: all build deps deps-jit tree export test demo demo-jit nofp bench clean help
 
 all: build
 
@@ -16,6 +20,7 @@ help:
 	@echo "make            build $(PYTHON) (fetches and assembles the tree if needed)"
 	@echo "make test       build, then run the tests; ends with 'N passed, N failed, N skipped'"
 	@echo "make demo       profile examples/demo.py under perf and show Python frames"
+	@echo "make demo-jit   the same with -X perf_jit on a build without frame pointers"
 	@echo "make bench      benchmarks: stock 3.11.2 vs ours (perf off/on) vs upstream"
 	@echo "make tree       (re)assemble $(TREE) from the pristine source + overlay + patches"
 	@echo "make export     write edits in $(TREE) back to the overlay and patches/"
@@ -24,6 +29,10 @@ help:
 
 deps:
 	@tools/install-deps.sh
+
+# perf >= 6.8 (Debian 12: from bookworm-backports) for perf inject --jit.
+deps-jit:
+	@tools/install-deps.sh jit
 
 tree: deps
 	@tools/assemble.sh
@@ -34,11 +43,34 @@ export:
 build: tree
 	@tools/build.sh $(TREE) $(CONFIGURE_FLAGS)
 
-test: build
-	@tools/run-tests.sh
+nofp: deps-jit tree
+	@TREE=$(NOFP_TREE) tools/assemble.sh
+	@tools/build.sh $(NOFP_TREE) --without-frame-pointers $(CONFIGURE_FLAGS)
+
+test: build nofp
+	@PERF_NOFP_PYTHON=$(CURDIR)/$(NOFP_TREE)/python tools/run-tests.sh
 
 demo: build
 	@tools/demo.sh
 
+demo-jit: nofp
+	@TREE=$(NOFP_TREE) tools/demo-jit.sh
+
+# BENCH_RUNS=N (repetitions), BENCH_FILTER=fib,json (workloads),
+# BENCH_UPSTREAM="py1 py2" (upstream interpreters; default: pyenv 3.12/3.13).
+bench: build
+	@tools/bench.sh
+
 clean:
 	rm -rf build
+
+# Reliability (issue 6): CPython's regression suite with and without
+# PYTHONPERFSUPPORT=1 (about an hour on 2 cores), our tests on an
+# ASan/UBSan build (build/cpython-asan), valgrind memcheck on -X perf.
+.PHONY: test-regrtest-perf test-asan test-valgrind
+test-regrtest-perf: build
+	@tools/regrtest-perf.sh
+test-asan: deps
+	@tools/asan-test.sh
+test-valgrind: build
+	@tools/valgrind-test.sh

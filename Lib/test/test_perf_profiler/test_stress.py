@@ -1,0 +1,1497 @@
+"""Stress and fault-injection tests for perf trampolines.
+
+People switch trampolines on for every process of a service or a CI job
+(PYTHONPERFSUPPORT=1), so they must never crash, hang, leak without bound
+or change what a program does.  Each test here reproduces one way such a
+feature has failed before and checks the exact outcome:
+
+* lowered recursion limit            RecursionTests
+* use-after-free when deactivating   ActivationCycleTests.test_deactivate_*
+  while frames still run
+* crash after many cycles            ActivationCycleTests.test_many_cycles
+* toggling races between threads     ThreadTests
+* crashes after fork                 ForkTests
+* corrupted maps with several        ForkTests (parent and children write at
+  writers                            once), HostileNameTests (one line per
+                                     entry), MapFaultTests.test_write_cut_short
+                                     and test_full_tmp* (half-written lines)
+* signals and KeyboardInterrupt      SignalTests
+  inside trampolines
+* unbounded memory                   ScaleTests
+* executable memory refused          NoExecTests
+* unusable map path (directory,      MapFaultTests
+  symlink, FIFO, foreign file, full
+  or read-only /tmp)
+* the program's own files            MapFaultTests.test_program_closes_map_*
+* other PEP 523 co_extra users       CodeExtraTests
+
+Every test runs its scenario in a fresh interpreter, bounded by a fixed
+amount of work (never by a clock), and compares its output with the same
+script run without trampolines wherever the two must agree.
+"""
+
+import errno
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import textwrap
+import unittest
+
+from test import support
+from test.test_perf_profiler import util
+from test.test_perf_profiler.util import PerfTestCase, clean_env, map_path
+
+PERF = ("-X", "perf")
+
+# The prefix of every warning the trampolines print on stderr.
+WARNING = "Python perf trampolines: "
+
+# Name budgets of the map writer (Python/perf_trampoline.c): bytes after
+# escaping; a name cut to fit ends in "...".
+MAX_QUALNAME = 1024
+MAX_FILENAME = 2048
+
+# One map line, as bytes: perf splits the file on "\n" and nothing else.
+MAP_LINE = re.compile(rb"([0-9a-f]+) ([0-9a-f]+) (py::.*)")
+
+
+def read_map_lines(pid):
+    """Return the lines of the map of `pid` as bytes, checking that the
+    file ends with a newline and that every line is "START SIZE py::NAME"
+    with START and SIZE of plausible width (a glued, half-written line has
+    too many digits)."""
+    with open(map_path(pid), "rb") as f:
+        data = f.read()
+    if data and not data.endswith(b"\n"):
+        raise ValueError(f"map of {pid} ends in a partial line: "
+                         f"{data[-100:]!r}")
+    lines = data.split(b"\n")[:-1]
+    for number, line in enumerate(lines, 1):
+        match = MAP_LINE.fullmatch(line)
+        if (match is None or len(match.group(1)) > 16
+                or len(match.group(2)) > 8):
+            raise ValueError(f"malformed line {number} in the map of "
+                             f"{pid}: {line[:200]!r}")
+    return lines
+
+
+def parse_lines(lines):
+    """[(start, size, name bytes)] of map lines from read_map_lines()."""
+    result = []
+    for line in lines:
+        start, size, name = MAP_LINE.fullmatch(line).groups()
+        result.append((int(start, 16), int(size, 16), name))
+    return result
+
+
+def escape_name(text, budget):
+    """The map's spelling of one part of an entry name: control characters
+    as \\xNN, lone surrogates as \\uXXXX, anything else as UTF-8; cut with
+    "..." so that the part never exceeds `budget` bytes."""
+    out = bytearray()
+    for char in text:
+        code = ord(char)
+        if code < 0x20 or 0x7f <= code < 0xa0:
+            encoded = b"\\x%02x" % code
+        elif 0xd800 <= code <= 0xdfff:
+            encoded = b"\\u%04x" % code
+        else:
+            encoded = char.encode("utf-8")
+        if len(out) + len(encoded) + 3 > budget:
+            return bytes(out) + b"..."
+        out += encoded
+    return bytes(out)
+
+
+def only_warning(test, stderr, *fragments):
+    """Assert that stderr is exactly one trampoline warning line that
+    contains each of `fragments`."""
+    lines = stderr.splitlines()
+    test.assertEqual(len(lines), 1, f"expected one warning line:\n{stderr}")
+    test.assertTrue(lines[0].startswith(WARNING), lines[0])
+    for fragment in fragments:
+        test.assertIn(fragment, lines[0])
+
+
+class StressTestCase(PerfTestCase):
+
+    def run_both(self, source, *, script_args=(), env=None):
+        """Run `source` without and with -X perf (the script's argv[1] is
+        "plain" or "perf"); check that both succeed with the same stdout
+        and that the perf run printed nothing on stderr.  Returns the perf
+        run's result."""
+        plain = self.run_script(source, script_args=("plain", *script_args),
+                                env=env)
+        perf = self.run_script(source, python_args=PERF,
+                               script_args=("perf", *script_args), env=env)
+        self.assertEqual(perf.stdout, plain.stdout)
+        self.assertEqual(perf.stderr, "")
+        self.assertEqual(plain.stderr, "")
+        return perf
+
+    def map_lines(self, pid):
+        """read_map_lines(pid), failing the test on a malformed map."""
+        try:
+            return read_map_lines(pid)
+        except ValueError as exc:
+            self.fail(str(exc))
+
+    def assertUniqueAddresses(self, entries):
+        starts = [start for start, _, _ in entries]
+        self.assertEqual(len(starts), len(set(starts)),
+                         "two map entries share an address")
+
+
+# ----------------------------------------------------------------------
+# Activation and deactivation
+
+class ActivationCycleTests(StressTestCase):
+
+    def test_many_cycles(self):
+        # Thousands of activate/deactivate cycles with calls in between:
+        # no crash, no new trampoline or map line per cycle (a code object
+        # keeps its trampoline), the same results as never activating.
+        result = self.run_script("""
+            import os, sys
+
+            def leaf(x):
+                return x + 1
+
+            def middle(x):
+                return leaf(x) * 2
+
+            def top(n):
+                return sum(middle(i) for i in range(n))
+
+            def read_map():
+                with open(f"/tmp/perf-{os.getpid()}.map", "rb") as f:
+                    return f.read()
+
+            total = 0
+            for cycle in range(5000):
+                sys.activate_stack_trampoline("perf")
+                sys.activate_stack_trampoline("perf")   # twice: idempotent
+                assert sys.is_stack_trampoline_active()
+                total += top(10)
+                sys.deactivate_stack_trampoline()
+                sys.deactivate_stack_trampoline()       # twice: harmless
+                assert not sys.is_stack_trampoline_active()
+                total += top(3)
+                if cycle == 1:
+                    after_second = read_map()
+            print(total)
+            print(read_map() == after_second)
+            """)
+        expected = 5000 * (sum((i + 1) * 2 for i in range(10))
+                           + sum((i + 1) * 2 for i in range(3)))
+        self.assertEqual(result.stdout.split(), [str(expected), "True"])
+        entries = parse_lines(self.map_lines(result.pid))
+        self.assertUniqueAddresses(entries)
+        names = [name for _, _, name in entries]
+        for function in (b"leaf", b"middle", b"top"):
+            symbol = b"py::%s:%s" % (function, os.fsencode(result.path))
+            self.assertEqual(names.count(symbol), 1, function)
+
+    # Deactivating only unhooks: frames that entered through a trampoline
+    # return through it later, so the trampoline's memory must outlive the
+    # deactivation.  The script switches inside deep stacks of trampolined
+    # frames, inside suspended generators and coroutines, then frees the
+    # functions and creates new ones.
+    DEACTIVATE_SCRIPT = """
+        import asyncio, gc, sys
+
+        PERF = sys.argv[1] == "perf"
+
+        def switch(action):
+            if not PERF:
+                return
+            if action == "off":
+                sys.deactivate_stack_trampoline()
+                assert not sys.is_stack_trampoline_active()
+            elif action == "on":
+                sys.activate_stack_trampoline("perf")
+                assert sys.is_stack_trampoline_active()
+
+        def helper(x):
+            return sum(y * y for y in range(x % 7))
+
+        class Box:
+            def __init__(self, depth):
+                self.depth = depth
+
+            def __getitem__(self, action):
+                # BINARY_SUBSCR_GETITEM: a trampolined call of its own.
+                return descend(self.depth, action)
+
+        def descend(depth, action):
+            if depth == 0:
+                switch(action)
+                return 0
+            try:
+                if depth % 3 == 0:
+                    r = Box(depth - 1)[action]
+                else:
+                    r = descend(depth - 1, action)
+                r += helper(depth)          # work after returning
+                if depth % 50 == 0:
+                    raise ValueError(depth)
+            except ValueError as exc:
+                r += exc.args[0]
+            return r + 1
+
+        def gen(action):
+            for i in range(4):
+                yield descend(20, action if i == 1 else "none") + i
+
+        async def leaf(action):
+            await asyncio.sleep(0)
+            switch(action)
+            await asyncio.sleep(0)
+            return descend(10, "none")
+
+        async def chain(depth, action):
+            if depth == 0:
+                return await leaf(action)
+            return await chain(depth - 1, action) + 1
+
+        print(descend(300, "off"))
+        print(descend(300, "on"))
+        g1 = gen("off")                 # runs inside trampolines until off
+        g2 = gen("on")
+        print(next(g1), next(g2))
+        print(next(g1))                 # switches off inside g1
+        print(next(g2))                 # switches on inside g2
+        switch("off")
+        print(list(g1), list(g2))       # resumed after deactivation
+        switch("on")
+        print(asyncio.run(chain(50, "off")))
+        print(asyncio.run(chain(50, "on")))
+
+        # Free everything that has a trampoline while switched off, then
+        # make new code objects and run them switched on.
+        switch("off")
+        del descend, gen, leaf, chain, Box, g1, g2
+        gc.collect()
+        switch("on")
+        total = 0
+        for i in range(2000):
+            ns = {}
+            exec(f"def fresh_{i}(n):\\n    return n and fresh_{i}(n - 1) + 1",
+                 ns)
+            total += ns[f"fresh_{i}"](20)
+            if i % 500 == 0:
+                switch("off")
+                switch("on")
+        print(total)
+        """
+
+    def test_deactivate_inside_trampolined_frames(self):
+        result = self.run_both(self.DEACTIVATE_SCRIPT)
+        self.assertEqual(result.stdout.splitlines()[-1], str(2000 * 20))
+        entries = parse_lines(self.map_lines(result.pid))
+        self.assertUniqueAddresses(entries)
+        fresh = [name for _, _, name in entries
+                 if name.startswith(b"py::fresh_")]
+        # Every fresh function ran while activated: one entry each.
+        self.assertEqual(len(fresh), 2000)
+        self.assertEqual(len(set(fresh)), 2000)
+
+    def test_deactivate_with_api_started_run(self):
+        # The same, started by sys.activate_stack_trampoline() instead of
+        # -X perf (the script's first switch("on") activates).
+        source = ("import sys\n"
+                  "if sys.argv[1] == 'perf':\n"
+                  "    sys.activate_stack_trampoline('perf')\n"
+                  + textwrap.dedent(self.DEACTIVATE_SCRIPT))
+        plain = self.run_script(source, script_args=("plain",))
+        perf = self.run_script(source, script_args=("perf",))
+        self.assertEqual(perf.stdout, plain.stdout)
+        self.assertEqual(perf.stderr, "")
+        self.map_lines(perf.pid)
+
+    def test_subinterpreters(self):
+        # Interpreters that come and go while trampolines are active in
+        # the main one: each gets its own state; ids are reused.
+        result = self.run_script("""
+            import _xxsubinterpreters as interpreters
+
+            code = '''if 1:
+                import sys
+                def down(n):
+                    return n and down(n - 1) + 1
+                assert down(100) == 100
+                sys.deactivate_stack_trampoline()
+                assert down(10) == 10
+                sys.activate_stack_trampoline("perf")
+                assert down(10) == 10
+            '''
+            for round in range(10):
+                ids = [interpreters.create() for _ in range(3)]
+                for id in ids:
+                    interpreters.run_string(id, code)
+                for id in ids:
+                    interpreters.destroy(id)
+            print("done")
+            """, python_args=PERF)
+        self.assertEqual(result.stdout, "done\n")
+        self.assertEqual(result.stderr, "")
+        self.map_lines(result.pid)
+
+
+class CodeExtraTests(StressTestCase):
+
+    # Trampolines live in a co_extra slot (PEP 523), which gives nearly
+    # every code object a co_extra array.  Another user of co_extra (a
+    # debugger, a JIT) must see no difference: its free function is called
+    # for the code objects it tagged, never for the others, and never at
+    # shutdown for a code object it did not tag (with a Python free
+    # function, that call ran inside the function's own deallocation).
+    def test_other_users_free_function(self):
+        try:
+            import ctypes
+        except ImportError:
+            self.skipTest("needs ctypes")
+        self.run_both("""
+            import ctypes, gc
+
+            freefunc = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+            request = ctypes.pythonapi._PyEval_RequestCodeExtraIndex
+            request.argtypes = (freefunc,)
+            request.restype = ctypes.c_ssize_t
+            set_extra = ctypes.pythonapi._PyCode_SetExtra
+            set_extra.argtypes = (ctypes.py_object, ctypes.c_ssize_t,
+                                  ctypes.c_void_p)
+            calls = []
+            on_free = freefunc(lambda ptr: calls.append(ptr))
+            index = request(on_free)
+
+            ns = {}
+            exec("def untagged():\\n    return 1\\n"
+                 "def tagged():\\n    return 2", ns)
+            ns["untagged"]()
+            ns["tagged"]()
+            set_extra(ns["tagged"].__code__, index, 1234)
+            del ns
+            gc.collect()
+            print("free function called:", calls)
+            """)
+        # The run ends normally (run_both checks the exit status): the
+        # free function is not called during shutdown either.
+
+
+# ----------------------------------------------------------------------
+# Recursion: the limits must be those of a run without perf
+
+class RecursionTests(StressTestCase):
+
+    SCRIPT = """
+        import sys, threading
+
+        def down(n):
+            return 0 if n == 0 else down(n - 1) + 1
+
+        def overflow_depth():
+            depth = 0
+            def g():
+                nonlocal depth
+                depth += 1
+                g()
+            try:
+                g()
+            except RecursionError:
+                return depth
+
+        class Chain:
+            def __getitem__(self, n):
+                return 0 if n == 0 else self[n - 1] + 1
+
+        print(overflow_depth())
+        sys.setrecursionlimit(120_000)
+        # Deeper than any C stack budget: 3.11 runs Python-to-Python calls
+        # without C stack, and so must we once the budget is spent.
+        print(down(100_000))
+        print(Chain()[100_000])
+        print(overflow_depth())
+        sys.setrecursionlimit(1000)
+        print(overflow_depth())
+
+        # A thread with a small C stack recurses as deep as without perf.
+        threading.stack_size(256 * 1024)
+        results = []
+        def in_thread():
+            sys.setrecursionlimit(50_000)
+            results.append(down(40_000))
+        thread = threading.Thread(target=in_thread)
+        thread.start()
+        thread.join()
+        print(results)
+        """
+
+    def test_recursion_limits_unchanged(self):
+        result = self.run_both(self.SCRIPT)
+        lines = result.stdout.splitlines()
+        self.assertEqual(lines[1:3], ["100000", "100000"])
+        self.assertEqual(lines[-1], "[40000]")
+
+    def check_with_stack_rlimit(self, limit):
+        import resource
+        def set_limit():
+            resource.setrlimit(resource.RLIMIT_STACK, (limit, limit))
+        soft, hard = resource.getrlimit(resource.RLIMIT_STACK)
+        if hard != resource.RLIM_INFINITY and (
+                limit == resource.RLIM_INFINITY or limit > hard):
+            self.skipTest(f"cannot raise RLIMIT_STACK above {hard}")
+        outputs = []
+        for args in ((), PERF):
+            path = util.write_script(self.tmpdir, self.SCRIPT)
+            proc = subprocess.run(
+                [sys.executable, *args, path, "x"], preexec_fn=set_limit,
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                env=clean_env(), cwd=self.tmpdir, timeout=util.TIMEOUT)
+            self.assertEqual(proc.returncode, 0, proc.stderr)
+            self.assertEqual(proc.stderr, "")
+            outputs.append(proc.stdout)
+        self.assertEqual(outputs[1], outputs[0])
+
+    @unittest.skipUnless(sys.platform == "linux", "Linux rlimits")
+    def test_small_main_thread_stack(self):
+        self.check_with_stack_rlimit(1024 * 1024)
+
+    @unittest.skipUnless(sys.platform == "linux", "Linux rlimits")
+    def test_unlimited_main_thread_stack(self):
+        import resource
+        self.check_with_stack_rlimit(resource.RLIM_INFINITY)
+
+
+# ----------------------------------------------------------------------
+# Threads
+
+class ThreadTests(StressTestCase):
+
+    def test_toggle_while_threads_call_and_create(self):
+        # One thread toggles trampolines on and off while four threads
+        # create and call new functions and short-lived threads start and
+        # exit while trampolines are active.  Everything is bounded by
+        # counts; the results must be exact.
+        result = self.run_script("""
+            import os, sys, threading
+
+            sys.setswitchinterval(1e-5)
+            results = {}
+
+            def chain(fn, n):
+                return fn(n) if n == 0 else chain(fn, n - 1)
+
+            def worker(k):
+                total = 0
+                for i in range(400):
+                    ns = {"chain": chain}
+                    exec(f"def w{k}_{i}(x):\\n    return x + {i}", ns)
+                    total += chain(ns[f"w{k}_{i}"], 20)
+                results[k] = total
+
+            def short_lived(k):
+                ns = {}
+                exec(f"def s{k}(n):\\n    return n and s{k}(n - 1) + 1", ns)
+                results[f"s{k}"] = ns[f"s{k}"](30)
+
+            workers = [threading.Thread(target=worker, args=(k,))
+                       for k in range(4)]
+            for t in workers:
+                t.start()
+            for i in range(3000):
+                sys.activate_stack_trampoline("perf")
+                if i % 20 == 0:
+                    t = threading.Thread(target=short_lived, args=(i,))
+                    t.start()
+                    t.join()            # exits while active
+                chain(lambda n: n, 5)
+                sys.deactivate_stack_trampoline()
+            for t in workers:
+                t.join()
+            sys.activate_stack_trampoline("perf")
+            print(sorted((str(k), v) for k, v in results.items()))
+            """)
+        expected = sorted([(str(k), sum(range(400))) for k in range(4)]
+                          + [(f"s{i}", 30) for i in range(0, 3000, 20)])
+        self.assertEqual(result.stdout, f"{expected}\n")
+        self.assertEqual(result.stderr, "")
+        entries = parse_lines(self.map_lines(result.pid))
+        self.assertUniqueAddresses(entries)
+        names = [name for _, _, name in entries]
+        made = [name for name in names if re.match(rb"py::[ws]\d", name)]
+        self.assertEqual(len(made), len(set(made)),
+                         "a function got two trampolines")
+
+    FAULTHANDLER_SCRIPT = """
+        import faulthandler, re, sys, tempfile, threading
+
+        def innermost(all_threads):
+            # Thread ids differ from run to run: print them normalized.
+            with tempfile.TemporaryFile("w+") as f:
+                faulthandler.dump_traceback(f, all_threads=all_threads)
+                f.seek(0)
+                print(re.sub(r"0x[0-9a-f]+", "0xTHREAD", f.read()))
+
+        class Box:
+            def __getitem__(self, all_threads):
+                innermost(all_threads)
+                return 0
+
+        def middle(all_threads):
+            return Box()[all_threads]
+
+        def outer(all_threads):
+            return middle(all_threads) + 1
+
+        outer(False)
+        sys.stdout.flush()
+
+        ready = threading.Event()
+        release = threading.Event()
+        def blocked(n):
+            if n == 0:
+                ready.set()
+                release.wait()
+                return 0
+            return blocked(n - 1)
+        thread = threading.Thread(target=blocked, args=(5,))
+        thread.start()
+        ready.wait()
+        outer(True)
+        release.set()
+        thread.join()
+        """
+
+    def test_faulthandler_traceback(self):
+        # faulthandler walks the frame chain, not the C stack: the same
+        # Python frames with and without trampolines.
+        self.run_both(self.FAULTHANDLER_SCRIPT)
+
+    def test_faulthandler_on_fatal_signal(self):
+        # A crash inside trampolined frames: the fatal error report shows
+        # the same Python traceback.
+        source = """
+            import faulthandler, resource, sys
+            resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+            faulthandler.enable()
+
+            def crash(n):
+                if n == 0:
+                    faulthandler._sigsegv()
+                return crash(n - 1)
+
+            def start():
+                print("started", flush=True)
+                crash(5)
+
+            start()
+            """
+        runs = [self.run_script(source, python_args=args, check=False,
+                                name=f"crash{len(args)}.py")
+                for args in ((), PERF)]
+        def normalize(text):
+            # Under AddressSanitizer its own report (lines starting with
+            # "==PID==") follows faulthandler's, and the process aborts.
+            text = text.split("\n==")[0]
+            text = re.sub(r"0x[0-9a-f]+", "0xTHREAD", text)
+            return text.replace("crash2.py", "crash0.py")
+        plain, perf = runs
+        self.assertIn(plain.returncode, (-signal.SIGSEGV, -signal.SIGABRT))
+        self.assertEqual(perf.returncode, plain.returncode)
+        self.assertEqual(perf.stdout, plain.stdout)
+        self.assertIn("in crash\n", perf.stderr)
+        self.assertIn("in start\n", perf.stderr)
+        self.assertEqual(normalize(perf.stderr), normalize(plain.stderr))
+
+
+# ----------------------------------------------------------------------
+# fork and multiprocessing
+
+@unittest.skipUnless(hasattr(os, "fork"), "needs os.fork")
+class ForkTests(StressTestCase):
+
+    def check_child_map(self, child_pid, prefix, child_names,
+                        parent_lines):
+        """The child's map is well-formed, starts with everything the
+        parent had described before the fork (`prefix`), and after what
+        it shares with the parent it holds only its own entries, which
+        include `child_names`."""
+        lines = self.map_lines(child_pid)
+        data = b"".join(line + b"\n" for line in lines)
+        self.assertTrue(data.startswith(prefix),
+                        f"map of child {child_pid} lacks parent entries")
+        common = 0
+        while (common < len(lines) and common < len(parent_lines)
+               and lines[common] == parent_lines[common]):
+            common += 1
+        self.assertGreaterEqual(common, prefix.count(b"\n"))
+        own = parse_lines(lines[common:])
+        own_names = {name for _, _, name in own}
+        parent_names = {name for _, _, name in parse_lines(parent_lines)}
+        for name in child_names:
+            self.assertIn(name, own_names)
+            self.assertNotIn(name, parent_names)
+        self.assertUniqueAddresses(parse_lines(lines))
+
+    def test_fork_many_children_from_threaded_process(self):
+        # 20 children forked while 4 threads create and call functions;
+        # the children all run at once (released together), each with new
+        # functions and a thread of its own.
+        result = self.run_script("""
+            import os, sys, threading
+
+            def work(n):
+                return n if n < 2 else work(n - 1) + 1
+
+            stop = threading.Event()
+            def spinner(k):
+                i = 0
+                while not stop.is_set():
+                    ns = {"work": work}
+                    exec(f"def spin{k}_{i}():\\n    return work(10)", ns)
+                    ns[f"spin{k}_{i}"]()
+                    i += 1
+
+            threads = [threading.Thread(target=spinner, args=(k,))
+                       for k in range(4)]
+            for t in threads:
+                t.start()
+            map_path = f"/tmp/perf-{os.getpid()}.map"
+            release_r, release_w = os.pipe()
+            children = []
+            for c in range(20):
+                with open(map_path, "rb") as f:
+                    before = f.read()
+                pid = os.fork()
+                if pid == 0:
+                    os.close(release_w)
+                    os.read(release_r, 1)       # wait for the others
+                    ns = {"work": work}
+                    exec(f"def child{c}_fn():\\n    return work(5)", ns)
+                    value = ns[f"child{c}_fn"]()
+                    out = []
+                    t = threading.Thread(
+                        target=lambda: out.append(work(7)))
+                    t.start()
+                    t.join()
+                    os._exit(0 if (value, out) == (5, [7]) else 3)
+                with open(f"before-{pid}", "wb") as f:
+                    f.write(before)
+                children.append((c, pid))
+            os.close(release_w)
+            stop.set()
+            for t in threads:
+                t.join()
+            for c, pid in children:
+                _, status = os.waitpid(pid, 0)
+                print(c, pid, os.waitstatus_to_exitcode(status))
+            """, python_args=PERF)
+        self.assertEqual(result.stderr, "")
+        children = [line.split() for line in result.stdout.splitlines()]
+        self.assertEqual(len(children), 20)
+        parent_lines = self.map_lines(result.pid)
+        for c, pid, code in children:
+            self.files.add_pid(pid)
+            self.assertEqual(code, "0", f"child {c} failed")
+        for c, pid, code in children:
+            with open(os.path.join(self.tmpdir, f"before-{pid}"), "rb") as f:
+                before = f.read()
+            self.check_child_map(int(pid), before,
+                                 [b"py::child%s_fn:<string>" % c.encode()],
+                                 parent_lines)
+        parent_names = {name for _, _, name in parse_lines(parent_lines)}
+        self.assertFalse(any(name.startswith(b"py::child")
+                             for name in parent_names))
+
+    def run_pool(self, method):
+        # PYTHONPERFSUPPORT=1 rather than -X perf: a forkserver is a new
+        # interpreter, started with the parent's environment.
+        result = self.run_script("""
+            import multiprocessing, os, sys
+
+            def square(x):
+                return os.getpid(), x * x
+
+            if __name__ == "__main__":
+                ctx = multiprocessing.get_context(sys.argv[1])
+                with open(f"/tmp/perf-{os.getpid()}.map", "rb") as f:
+                    before = f.read()
+                with ctx.Pool(4) as pool:
+                    results = pool.map(square, range(40), chunksize=1)
+                with open("before", "wb") as f:
+                    f.write(before)
+                print(sum(v for _, v in results))
+                print(*sorted({pid for pid, _ in results}))
+                # Helper processes, whose maps the test removes.
+                from multiprocessing import forkserver, resource_tracker
+                print(forkserver._forkserver._forkserver_pid or 0,
+                      resource_tracker._resource_tracker._pid or 0)
+            """, script_args=(method,),
+            env=clean_env(PYTHONPERFSUPPORT="1"))
+        self.assertEqual(result.stderr, "")
+        total, pids, helpers = result.stdout.splitlines()
+        for pid in helpers.split():
+            if pid != "0":
+                self.files.add_pid(pid)
+        self.assertEqual(int(total), sum(x * x for x in range(40)))
+        pids = [int(pid) for pid in pids.split()]
+        self.assertTrue(pids)
+        for pid in pids:
+            self.files.add_pid(pid)
+        with open(os.path.join(self.tmpdir, "before"), "rb") as f:
+            before = f.read()
+        parent_lines = self.map_lines(result.pid)
+        square = b"py::square:" + os.fsencode(result.path)
+        for pid in pids:
+            lines = self.map_lines(pid)
+            names = [name for _, _, name in parse_lines(lines)]
+            self.assertEqual(names.count(square), 1)
+            self.assertUniqueAddresses(parse_lines(lines))
+            if method == "fork":
+                self.check_child_map(pid, before, [], parent_lines)
+
+    def test_multiprocessing_fork(self):
+        self.run_pool("fork")
+
+    def test_multiprocessing_forkserver(self):
+        from multiprocessing import reduction
+        if not reduction.HAVE_SEND_HANDLE:
+            self.skipTest("forkserver needs fd passing")
+        self.run_pool("forkserver")
+
+
+# ----------------------------------------------------------------------
+# Signals
+
+class SignalTests(StressTestCase):
+
+    def test_signal_handlers_inside_trampolines(self):
+        self.run_both("""
+            import os, signal, sys, time
+
+            seen = []
+            def handler(signum, frame):
+                names = []
+                while frame is not None:
+                    names.append(f"{frame.f_code.co_name}:{frame.f_lineno}")
+                    frame = frame.f_back
+                seen.append((signum, names))
+
+            signal.signal(signal.SIGUSR1, handler)
+
+            def level3():
+                os.kill(os.getpid(), signal.SIGUSR1)
+                return 3
+
+            class Box:
+                def __getitem__(self, i):
+                    return level3() + i
+
+            def level2():
+                return Box()[1]
+
+            def level1():
+                return level2() + 1
+
+            print(level1())
+            print(seen)
+
+            # A timer firing while deep trampolined calls run; handlers
+            # run, sleep restarts after EINTR.  Stops after 30 signals or
+            # a bounded amount of work.
+            count = 0
+            def tick(signum, frame):
+                global count
+                count += 1
+            signal.signal(signal.SIGALRM, tick)
+            def fib(n):
+                return n if n < 2 else fib(n - 1) + fib(n - 2)
+            signal.setitimer(signal.ITIMER_REAL, 0.0005, 0.0005)
+            rounds = 0
+            while count < 30 and rounds < 200_000:
+                fib(12)
+                rounds += 1
+            def napper():
+                time.sleep(0.01)
+                return "slept"
+            result = napper()
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            print(count >= 30, result)
+            """)
+
+    def test_keyboard_interrupt_traceback(self):
+        source = """
+            import os, signal, sys, traceback
+
+            # Whatever this process inherited (a background job starts
+            # with SIGINT ignored), SIGINT raises KeyboardInterrupt.
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+
+            def c():
+                os.kill(os.getpid(), signal.SIGINT)
+                return 1
+
+            class Box:
+                def __getitem__(self, i):
+                    return c() + i
+
+            def b():
+                return Box()[1] + 1
+
+            def a():
+                return b() + 1
+
+            try:
+                a()
+            except KeyboardInterrupt:
+                traceback.print_exc(file=sys.stdout)
+            print("uncaught next", flush=True)
+            a()
+            """
+        plain = self.run_script(source, check=False, name="kbd.py")
+        perf = self.run_script(source, python_args=PERF, check=False,
+                               name="kbd.py")
+        self.assertEqual(plain.returncode, -signal.SIGINT)
+        self.assertEqual(perf.returncode, plain.returncode)
+        self.assertEqual(perf.stdout, plain.stdout)
+        self.assertEqual(perf.stderr, plain.stderr)
+        self.assertIn("KeyboardInterrupt", perf.stderr)
+        self.assertIn("in c\n", perf.stderr)
+
+
+# ----------------------------------------------------------------------
+# Scale: many code objects
+
+class ScaleTests(StressTestCase):
+
+    N = 100_000
+
+    SCRIPT = """
+        import sys
+
+        N = int(sys.argv[2])
+        FILENAME = sys.argv[3]
+
+        def rss():
+            with open("/proc/self/status") as f:
+                for line in f:
+                    if line.startswith("VmRSS:"):
+                        return int(line.split()[1]) * 1024
+
+        keep = []
+        total = 0
+        def make(i):
+            ns = {}
+            source = f"def f_{i}(x):\\n    return x + {i}\\n"
+            exec(compile(source, FILENAME, "exec"), ns)
+            return ns[f"f_{i}"]
+        for i in range(1000):      # warm up the allocators
+            make(N + i)(0)
+        before = rss()
+        for i in range(N):
+            function = make(i)
+            total += function(1)
+            keep.append(function)
+        after = rss()
+        print(total)
+        print("rss", after - before, file=sys.stderr)
+        """
+
+    @unittest.skipUnless(os.path.exists("/proc/self/status"),
+                         "needs /proc/self/status")
+    def test_100k_code_objects(self):
+        filename = os.path.join(self.tmpdir, "generated.py")
+        runs = []
+        for args in ((), PERF):
+            runs.append(self.run_script(
+                self.SCRIPT, python_args=args,
+                script_args=("x", str(self.N), filename)))
+        plain, perf = runs
+        self.assertEqual(perf.stdout, plain.stdout)
+        self.assertEqual(perf.stdout,
+                         f"{sum(i + 1 for i in range(self.N))}\n")
+        lines = self.map_lines(perf.pid)
+        entries = parse_lines(lines)
+        self.assertUniqueAddresses(entries)
+        prefix = b"py::f_"
+        suffix = b":" + os.fsencode(filename)
+        functions = [name for _, _, name in entries
+                     if name.startswith(prefix) and name.endswith(suffix)]
+        modules = [name for _, _, name in entries
+                   if name == b"py::<module>" + suffix]
+        # One line per code object: each function, each module body.
+        expected = {b"py::f_%d%s" % (i, suffix)
+                    for i in range(self.N + 1000)}
+        self.assertEqual(len(functions), self.N + 1000)
+        self.assertEqual(set(functions), expected)
+        self.assertEqual(len(modules), self.N + 1000)
+
+        # Memory: RSS growth beyond the plain run, per code object that
+        # got a trampoline (a function and its module body each).
+        def growth(run):
+            (line,) = run.stderr.splitlines()
+            label, value = line.split()
+            self.assertEqual(label, "rss")
+            return int(value)
+        extra = growth(perf) - growth(plain)
+        per_code = extra / (2 * self.N)
+        if support.verbose:
+            print(f"\n    perf trampolines: {extra} bytes RSS for "
+                  f"{2 * self.N} code objects = {per_code:.1f} bytes each",
+                  file=sys.__stderr__)
+        self.assertLess(per_code, 1024)
+
+
+# ----------------------------------------------------------------------
+# Executable memory refused: an LD_PRELOAD shim
+
+# The shim fails mmap() of anonymous memory with PROT_EXEC and mprotect()
+# adding PROT_EXEC with EACCES, as SELinux's execmem denial or a PaX-style
+# policy would.  The dynamic loader is unaffected: ld.so maps libraries
+# with its own internal system calls, not through these libc symbols, and
+# those are file mappings anyway.  NOEXEC_SHIM_ALLOW=N lets the first N
+# such requests through (a policy that bites after the first arena).
+NOEXEC_SHIM = r"""
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <errno.h>
+#include <stdlib.h>
+#include <sys/mman.h>
+#include <sys/types.h>
+
+static int remaining = -1;
+
+static int
+refuse(void)
+{
+    if (remaining < 0) {
+        const char *allow = getenv("NOEXEC_SHIM_ALLOW");
+        remaining = allow != NULL ? atoi(allow) : 0;
+    }
+    if (remaining > 0) {
+        remaining--;
+        return 0;
+    }
+    errno = EACCES;
+    return 1;
+}
+
+void *
+mmap(void *addr, size_t length, int prot, int flags, int fd, off_t offset)
+{
+    static void *(*real)(void *, size_t, int, int, int, off_t);
+    if (real == NULL) {
+        real = (void *(*)(void *, size_t, int, int, int, off_t))
+               dlsym(RTLD_NEXT, "mmap");
+    }
+    if ((prot & PROT_EXEC) && (flags & MAP_ANONYMOUS) && refuse()) {
+        return MAP_FAILED;
+    }
+    return real(addr, length, prot, flags, fd, offset);
+}
+
+/* What callers built with _FILE_OFFSET_BITS=64 (CPython) call. */
+void *
+mmap64(void *addr, size_t length, int prot, int flags, int fd,
+       off64_t offset)
+{
+    static void *(*real)(void *, size_t, int, int, int, off64_t);
+    if (real == NULL) {
+        real = (void *(*)(void *, size_t, int, int, int, off64_t))
+               dlsym(RTLD_NEXT, "mmap64");
+    }
+    if ((prot & PROT_EXEC) && (flags & MAP_ANONYMOUS) && refuse()) {
+        return MAP_FAILED;
+    }
+    return real(addr, length, prot, flags, fd, offset);
+}
+
+int
+mprotect(void *addr, size_t length, int prot)
+{
+    static int (*real)(void *, size_t, int);
+    if (real == NULL) {
+        real = (int (*)(void *, size_t, int))dlsym(RTLD_NEXT, "mprotect");
+    }
+    if ((prot & PROT_EXEC) && refuse()) {
+        return -1;
+    }
+    return real(addr, length, prot);
+}
+"""
+
+WORKLOAD = """
+    import sys
+
+    def fib(n):
+        return n if n < 2 else fib(n - 1) + fib(n - 2)
+
+    functions = []
+    for i in range(NUMBER):
+        ns = {"fib": fib}
+        exec(f"def made_{i}(n):\\n    return fib(n) + {i}", ns)
+        functions.append(ns[f"made_{i}"])
+    print(sum(f(10) for f in functions))
+    print(fib(20))
+    """
+
+
+def workload(number=200):
+    return textwrap.dedent(WORKLOAD).replace("NUMBER", str(number))
+
+
+@unittest.skipUnless(sys.platform == "linux", "LD_PRELOAD shim for glibc")
+class NoExecTests(StressTestCase):
+
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        compiler = sysconfig.get_config_var("CC") or "cc"
+        compiler = compiler.split()[0]
+        if shutil.which(compiler) is None:
+            compiler = "cc"
+            if shutil.which(compiler) is None:
+                raise unittest.SkipTest("no C compiler to build the "
+                                        "LD_PRELOAD shim")
+        cls.shim_dir = tempfile.mkdtemp(prefix="perfshim-")
+        source = os.path.join(cls.shim_dir, "noexec_shim.c")
+        with open(source, "w") as f:
+            f.write(NOEXEC_SHIM)
+        cls.shim = os.path.join(cls.shim_dir, "noexec_shim.so")
+        proc = subprocess.run(
+            [compiler, "-shared", "-fPIC", "-o", cls.shim, source, "-ldl"],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        if proc.returncode != 0:
+            shutil.rmtree(cls.shim_dir)
+            raise unittest.SkipTest(f"cannot build the LD_PRELOAD shim: "
+                                    f"{proc.stdout.strip()[:200]}")
+
+    @classmethod
+    def tearDownClass(cls):
+        shutil.rmtree(cls.shim_dir, ignore_errors=True)
+        super().tearDownClass()
+
+    def shim_env(self, **changes):
+        return clean_env(LD_PRELOAD=self.shim, **changes)
+
+    def test_shim_refuses(self):
+        # The fault is real: ctypes cannot get executable memory either,
+        # but plain runs work.
+        result = self.run_script("""
+            import mmap
+            try:
+                mmap.mmap(-1, 4096, prot=mmap.PROT_READ | mmap.PROT_EXEC)
+            except OSError as exc:
+                print(exc.errno)
+            """, env=self.shim_env())
+        self.assertEqual(result.stdout, f"{errno.EACCES}\n")
+
+    def test_startup_warns_once_output_unchanged(self):
+        source = workload()
+        plain = self.run_script(source, env=self.shim_env())
+        for args, env in ((PERF, self.shim_env()),
+                          ((), self.shim_env(PYTHONPERFSUPPORT="1"))):
+            with self.subTest(args=args):
+                perf = self.run_script(source, python_args=args, env=env)
+                self.assertEqual(perf.stdout, plain.stdout)
+                only_warning(self, perf.stderr, "executable memory",
+                             "Permission denied")
+                self.assertFalse(os.path.exists(map_path(perf.pid)))
+
+    def test_activate_raises(self):
+        result = self.run_script("""
+            import sys
+            for attempt in range(2):        # decided once, same answer
+                try:
+                    sys.activate_stack_trampoline("perf")
+                except OSError as exc:
+                    print(type(exc).__name__, exc.errno, exc)
+            print(sys.is_stack_trampoline_active())
+            """, env=self.shim_env())
+        lines = result.stdout.splitlines()
+        self.assertEqual(len(lines), 3)
+        self.assertEqual(lines[0], lines[1])
+        name, number, message = lines[0].split(" ", 2)
+        self.assertEqual((name, int(number)),
+                         ("PermissionError", errno.EACCES))
+        self.assertIn("executable memory", message)
+        self.assertIn("Permission denied", message)
+        self.assertEqual(lines[2], "False")
+        self.assertEqual(result.stderr, "")
+
+    def test_refused_after_first_arena(self):
+        # The first arena is granted, later ones refused: more functions
+        # than one arena holds.  One warning, same output, a sound map.
+        source = workload(6000)
+        env = self.shim_env(NOEXEC_SHIM_ALLOW="1")
+        plain = self.run_script(source, env=env)
+        perf = self.run_script(source, python_args=PERF, env=env)
+        self.assertEqual(perf.stdout, plain.stdout)
+        only_warning(self, perf.stderr, "executable memory",
+                     "Permission denied")
+        entries = parse_lines(self.map_lines(perf.pid))
+        self.assertUniqueAddresses(entries)
+        self.assertLess(len(entries), 6000)
+
+
+# ----------------------------------------------------------------------
+# The map's path
+
+class MapFaultTests(StressTestCase):
+
+    def test_unusable_path_on_activation(self):
+        # The script puts something at its own map path before activating:
+        # activation fails with OSError, nothing is followed or written.
+        result = self.run_script("""
+            import os, sys
+
+            path = f"/tmp/perf-{os.getpid()}.map"
+            target = os.path.abspath("target")
+            with open(target, "w") as f:
+                f.write("original\\n")
+            # A map left by an earlier process that had our pid.
+            if os.path.isdir(path) and not os.path.islink(path):
+                os.rmdir(path)
+            elif os.path.lexists(path):
+                os.unlink(path)
+
+            def attempt(kind):
+                try:
+                    sys.activate_stack_trampoline("perf")
+                except OSError as exc:
+                    print(kind, type(exc).__name__, exc.errno,
+                          exc.filename == path)
+                else:
+                    print(kind, "activated")
+                    sys.deactivate_stack_trampoline()
+
+            os.mkdir(path)
+            attempt("directory")
+            os.rmdir(path)
+
+            os.symlink(target, path)
+            attempt("symlink")
+            os.unlink(path)
+
+            os.symlink("/nonexistent/perf.map", path)
+            attempt("dangling-symlink")
+            os.unlink(path)
+
+            os.link(target, path)
+            attempt("hardlink")
+            os.unlink(path)
+
+            os.mkfifo(path)                 # opening must not block
+            attempt("fifo")
+            os.unlink(path)
+
+            if os.geteuid() == 0:
+                with open(path, "w") as f:
+                    f.write("someone else's\\n")
+                os.chown(path, 65534, 65534)
+                os.chmod(path, 0o644)
+                attempt("foreign")
+                with open(path) as f:
+                    print("foreign content", repr(f.read()))
+                os.unlink(path)
+
+            with open(target) as f:
+                print("target", repr(f.read()))
+            print(os.path.exists("/nonexistent/perf.map"))
+            attempt("clean")
+            print(sys.is_stack_trampoline_active())
+            """)
+        lines = result.stdout.splitlines()
+        expected = [
+            f"directory IsADirectoryError {errno.EISDIR} True",
+            f"symlink OSError {errno.ELOOP} True",
+            f"dangling-symlink OSError {errno.ELOOP} True",
+            f"hardlink PermissionError {errno.EPERM} True",
+            f"fifo OSError {errno.ENXIO} True",
+        ]
+        if os.geteuid() == 0:
+            expected += [
+                f"foreign PermissionError {errno.EPERM} True",
+                "foreign content \"someone else's\\n\"",
+            ]
+        expected += ["target 'original\\n'", "False", "clean activated",
+                     "False"]
+        self.assertEqual(lines, expected)
+        self.assertEqual(result.stderr, "")
+
+    def run_with_path_blocked(self, kind):
+        """Exec an interpreter with -X perf in the same process (same pid)
+        after putting `kind` at its map path."""
+        result = self.run_script("""
+            import os, sys
+            kind, script = sys.argv[1], sys.argv[2]
+            path = f"/tmp/perf-{os.getpid()}.map"
+            if os.path.isdir(path) and not os.path.islink(path):
+                os.rmdir(path)              # left by an earlier process
+            elif os.path.lexists(path):
+                os.unlink(path)
+            if kind == "directory":
+                os.mkdir(path)
+            elif kind == "symlink":
+                os.symlink(os.path.abspath("target"), path)
+            sys.stdout.flush()
+            os.execv(sys.executable, [sys.executable, "-X", "perf", script])
+            """, script_args=(kind, "workload.py"))
+        path = map_path(result.pid)
+        if kind == "directory":
+            self.addCleanup(os.rmdir, path)
+        else:
+            self.addCleanup(os.unlink, path)
+        return result, path
+
+    def test_blocked_path_at_startup(self):
+        util.write_script(self.tmpdir, workload(), "workload.py")
+        target = os.path.join(self.tmpdir, "target")
+        plain = self.run_script(workload(), name="workload.py")
+        for kind, error in (("directory", "Is a directory"),
+                            ("symlink", "Too many levels of symbolic")):
+            with self.subTest(kind=kind):
+                with open(target, "w") as f:
+                    f.write("original\n")
+                result, path = self.run_with_path_blocked(kind)
+                self.assertEqual(result.stdout, plain.stdout)
+                only_warning(self, result.stderr, error, path)
+                with open(target) as f:
+                    self.assertEqual(f.read(), "original\n")
+
+    def run_in_private_tmp(self, shell, source, *args):
+        """Run source with `args` in a mount namespace whose /tmp is a
+        fresh 64 KiB tmpfs prepared by `shell`; skip if that is not
+        permitted here."""
+        unshare = shutil.which("unshare")
+        if unshare is None:
+            self.skipTest("unshare(1) is not installed")
+        probe = subprocess.run(
+            [unshare, "--mount", "--propagation", "private", "sh", "-c",
+             "mount -t tmpfs -o size=64k tmpfs /tmp"],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        if probe.returncode != 0:
+            self.skipTest(f"cannot mount a private /tmp here: "
+                          f"{probe.stdout.strip()[:200]}")
+        # The script is passed with -c: the test's directory is under the
+        # /tmp that the new mount hides.
+        command = ("mount -t tmpfs -o size=64k tmpfs /tmp && " + shell
+                   + ' && exec "$0" "$@"')
+        return subprocess.run(
+            [unshare, "--mount", "--propagation", "private", "sh", "-c",
+             command, sys.executable, *args, "-c",
+             textwrap.dedent(source)],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            env=clean_env(), timeout=util.TIMEOUT)
+
+    CHECK_OWN_MAP = """
+        import os, re
+        with open(f"/tmp/perf-{os.getpid()}.map", "rb") as f:
+            data = f.read()
+        lines = data.split(b"\\n")
+        bad = [line for line in lines[:-1] if not re.fullmatch(
+            rb"[0-9a-f]{1,16} [0-9a-f]{1,8} py::.*", line)]
+        print("map", data.endswith(b"\\n"), len(bad), bad[:1])
+        """
+
+    def test_full_tmp(self):
+        # The map fills a 64 KiB /tmp: the program goes on unchanged, the
+        # user is told once, and the map holds whole lines only.
+        source = workload(3000)
+        plain = self.run_script(source)
+        result = self.run_in_private_tmp(
+            "true", source + textwrap.dedent(self.CHECK_OWN_MAP), *PERF)
+        self.assertEqual(result.returncode, 0, result.stderr)
+        lines = result.stdout.splitlines()
+        self.assertEqual(lines[:-1], plain.stdout.splitlines())
+        self.assertEqual(lines[-1], "map True 0 []")
+        only_warning(self, result.stderr, "No space left on device")
+
+    def test_full_tmp_then_space_again(self):
+        # After a failed write, space comes back and writing resumes: the
+        # new lines must not be glued to a half-written one.
+        source = textwrap.dedent("""
+            import os
+            with open("/tmp/filler", "wb") as f:
+                f.write(b"x" * 40000)
+            def make(prefix, n):
+                total = 0
+                for i in range(n):
+                    ns = {}
+                    exec(f"def {prefix}_{i}(): return {i}", ns)
+                    total += ns[f"{prefix}_{i}"]()
+                return total
+            print(make("before", 1000))
+            os.unlink("/tmp/filler")
+            print(make("after", 20))
+            """) + textwrap.dedent(self.CHECK_OWN_MAP)
+        result = self.run_in_private_tmp("true", source, *PERF)
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertEqual(result.stdout.splitlines(),
+                         ["499500", "190", "map True 0 []"])
+        only_warning(self, result.stderr, "No space left on device")
+
+    # Daemons close every descriptor they did not open (python-daemon,
+    # hand-written double forks) and the next open() gets the map's old
+    # number back.  The trampolines must neither write into that file nor
+    # close it in a forked child.
+    CLOSE_ALL_FDS = """
+        import os, sys
+
+        def before():
+            return 1
+
+        before()
+        os.closerange(3, 65536)
+        fd = os.open("data.txt", os.O_WRONLY | os.O_CREAT | os.O_TRUNC,
+                     0o600)
+        os.write(fd, b"parent\\n")
+
+        def after():
+            return 2
+
+        after()                      # a new trampoline: a map line
+        if sys.argv[1] == "fork":
+            pid = os.fork()
+            if pid == 0:
+                def in_child():
+                    return 3
+                in_child()
+                try:
+                    os.write(fd, b"child\\n")
+                except OSError as exc:
+                    os.write(1, f"child: {exc}\\n".encode())
+                os._exit(0)
+            os.waitpid(pid, 0)
+            print("child", pid)
+        os.close(fd)
+        with open("data.txt", "rb") as f:
+            print(f.read())
+        """
+
+    def test_program_closes_map_descriptor(self):
+        for mode in ("plain", "fork"):
+            with self.subTest(mode=mode):
+                plain = self.run_script(self.CLOSE_ALL_FDS,
+                                        script_args=(mode,))
+                perf = self.run_script(self.CLOSE_ALL_FDS, python_args=PERF,
+                                       script_args=(mode,))
+                strip = lambda text: re.sub(r"child \d+", "child", text)
+                self.assertEqual(strip(perf.stdout), strip(plain.stdout))
+                self.assertEqual(plain.stderr, "")
+                # Names may be lost (then the user is told, once), the
+                # program's own file never touched.
+                if perf.stderr:
+                    only_warning(self, perf.stderr)
+                self.map_lines(perf.pid)
+                if mode == "fork":
+                    child = int(perf.stdout.split()[1])
+                    self.files.add_pid(child)
+                    if os.path.exists(map_path(child)):
+                        self.map_lines(child)
+
+    @unittest.skipUnless(hasattr(signal, "SIGXFSZ"), "needs RLIMIT_FSIZE")
+    def test_write_cut_short(self):
+        # A write that stops in the middle of a line (RLIMIT_FSIZE here; a
+        # full disk does the same at a page boundary), then writes that
+        # succeed again: every line in the map stays whole.
+        result = self.run_script("""
+            import os, re, resource, signal, sys
+
+            signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+            path = f"/tmp/perf-{os.getpid()}.map"
+
+            def make(prefix, n):
+                total = 0
+                for i in range(n):
+                    ns = {}
+                    exec(f"def {prefix}_{i}():\\n    return {i}", ns)
+                    total += ns[f"{prefix}_{i}"]()
+                return total
+
+            print(make("warm", 5))
+            soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+            # Room for 10 more bytes: the next line is cut.
+            resource.setrlimit(resource.RLIMIT_FSIZE,
+                               (os.path.getsize(path) + 10, hard))
+            print(make("cut", 5))
+            resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+            print(make("after", 5))
+            """, python_args=PERF)
+        self.assertEqual(result.stdout.split(), ["10", "10", "10"])
+        only_warning(self, result.stderr, "File too large")
+        lines = self.map_lines(result.pid)
+        self.assertUniqueAddresses(parse_lines(lines))
+
+    def test_read_only_tmp(self):
+        source = workload()
+        plain = self.run_script(source)
+        result = self.run_in_private_tmp("mount -o remount,ro /tmp",
+                                         source, *PERF)
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertEqual(result.stdout, plain.stdout)
+        only_warning(self, result.stderr, "Read-only file system")
+
+
+# ----------------------------------------------------------------------
+# Hostile names
+
+class HostileNameTests(StressTestCase):
+
+    CASES = [
+        ("newline\nfake 10 py::injected:x", "file\n1234 10 py::also:x"),
+        ("carriage\rreturn", "tab\there"),
+        ("nul\x00byte", "nul\x00file"),
+        ("controls\x01\x1b[31m\x7f\x85\x9f", "bell\x07"),
+        ("surrogate\udc80\ud800", "file\udcff.py"),
+        ("non-ascii é ß 漢字 \U0001f600", "/tmp/ファイル.py"),
+        ("line\u2028separator\u2029", "next\x85line"),
+        ("q" * 100_000, "f" * 100_000),
+        ("é" * 100_000, "\n" * 100_000),
+        ("x" * 1021, "y" * 2045),          # just fits
+        ("x" * 1022, "y" * 2046),          # just does not
+        ("", ""),
+    ]
+
+    def test_hostile_names(self):
+        result = self.run_script("""
+            import sys, types
+
+            def victim():
+                return 1
+
+            total = 0
+            for qualname, filename in CASES:
+                code = victim.__code__.replace(co_qualname=qualname,
+                                               co_filename=filename)
+                total += types.FunctionType(code, {})()
+            print(total)
+            """.replace("CASES", repr(self.CASES)), python_args=PERF)
+        self.assertEqual(result.stdout, f"{len(self.CASES)}\n")
+        lines = self.map_lines(result.pid)
+        names = [name for _, _, name in parse_lines(lines)]
+        for qualname, filename in self.CASES:
+            expected = (b"py::" + escape_name(qualname, MAX_QUALNAME) + b":"
+                        + escape_name(filename, MAX_FILENAME))
+            with self.subTest(qualname=qualname[:30]):
+                self.assertEqual(names.count(expected), 1,
+                                 expected[:100])
+        # Nothing injected: every line is an entry of a real code object.
+        self.assertFalse(any(name.startswith((b"py::injected",
+                                              b"py::also"))
+                             for name in names))
+        long_entry = b"py::" + b"q" * (MAX_QUALNAME - 3) + b"...:"
+        self.assertEqual(sum(name.startswith(long_entry) for name in names),
+                         1)
+        self.assertTrue(all(len(name) <= 4 + MAX_QUALNAME + 1 + MAX_FILENAME
+                            for name in names))
+
+
+if __name__ == "__main__":
+    unittest.main()

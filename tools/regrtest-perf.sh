@@ -1,0 +1,134 @@
+#!/bin/bash
+# make test-regrtest-perf: run CPython's own regression suite twice on the
+# same build, once plain and once with PYTHONPERFSUPPORT=1, and list every
+# test that passes without perf trampolines and fails with them.
+#
+# Why the environment variable and not -X perf: regrtest's -j workers, and
+# every interpreter a test starts with the default environment, inherit it,
+# so the whole process tree runs with trampolines.  (Subprocesses started
+# with -E or -I, e.g. test.support.script_helper's isolated mode, ignore the
+# environment by design and run without perf in both passes.)
+#
+# Choices, so nothing is excluded silently:
+# - The whole suite, regrtest's default selection.  No test is excluded.
+# - Resources: regrtest's defaults (no -u), i.e. tests needing network,
+#   largefile, cpu, gui, audio, curses, decimal, subprocess, urlfetch,
+#   tzdata or extralargefile resources report "skipped (resource denied)" in
+#   both passes.  Set REGRTEST_RESOURCES (e.g. "all,-network") to pass -u.
+# - -j$JOBS (default 2) and --timeout $TIMEOUT seconds per test file
+#   (default 1200): a hang is reported as a failure, not waited for.
+# - Only the failure categories that make regrtest fail (failed, crashed,
+#   timed out, interrupted) count.  "Altered the execution environment"
+#   differences are printed as notes.
+# - Every test file that fails only with perf is run again on its own, twice
+#   with perf and twice without, to tell a reproducible failure from a flaky
+#   test.  A reproducible perf-only failure makes this script exit 1; one
+#   that does not reproduce with perf is printed as a warning (exit 0).
+# - A test that asserts something legitimately different with trampolines
+#   on (e.g. the set of open descriptors: the perf map is one) is listed,
+#   with the reason, in KNOWN_DIFFERENCES in tools/regrtest_compare.py; it
+#   is printed as a known difference and does not fail the run.
+# - Arguments after the script name are passed to both regrtest runs, e.g.
+#   a subset: tools/regrtest-perf.sh test_sys test_os.
+#
+# Signals: a shell started in the background (cmd &, nohup, CI runners)
+# hands its children SIGINT and SIGQUIT ignored, and a Python that starts
+# with SIGINT ignored never raises KeyboardInterrupt, so every test about
+# KeyboardInterrupt or SIGINT fails in both passes.  Bash cannot undo an
+# ignored-at-entry signal, so each pass starts through a tiny Python
+# wrapper that restores their default action, then execs the runner.
+#
+# Same build for both passes: the tree is first copied to build/regrtest/tree
+# (cp -a, ~400 MB), so a rebuild of build/cpython during the hour this takes
+# cannot change the interpreter between or inside the passes, and the
+# runner's scratch files stay out of the main tree.  REGRTEST_SNAPSHOT=0
+# runs the tree in place.
+#
+# Output goes to build/regrtest/: plain.log, perf.log (regrtest output),
+# plain.xml, perf.xml (JUnit), rerun-*.log, summary.txt.  The perf maps that
+# the run's processes leave in /tmp (one per process, thousands) are removed
+# at the end: the files that did not exist before the run and whose process
+# is gone.
+# No "set -e": the passes are expected to exit non-zero (tests that fail
+# without perf too); every step's status is checked where it matters.
+set -uo pipefail
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+TREE=${TREE:-$ROOT/build/cpython}
+PYTHON=$TREE/python
+OUT=${REGRTEST_OUT:-$ROOT/build/regrtest}
+JOBS=${JOBS:-2}
+TIMEOUT=${TIMEOUT:-1200}
+
+[ -x "$PYTHON" ] || { echo "regrtest-perf: $PYTHON is not built (run 'make')" >&2; exit 2; }
+mkdir -p "$OUT"
+if [ "${REGRTEST_SNAPSHOT:-1}" != 0 ]; then
+    echo "regrtest-perf: copying $TREE to $OUT/tree"
+    rm -rf "$OUT/tree"
+    cp -a "$TREE" "$OUT/tree" || exit 2
+    TREE=$OUT/tree
+    PYTHON=$TREE/python
+fi
+echo "regrtest-perf: interpreter $PYTHON ($("$PYTHON" -c 'import sys; print(sys.version.split()[0], sys.version.split("(")[1].split(",")[0])'))"
+
+# --tempdir: regrtest's scratch directory would otherwise be under the
+# build directory the interpreter was configured in (the main tree).
+mkdir -p "$OUT/scratch"
+ARGS=(-j "$JOBS" --timeout "$TIMEOUT" --tempdir "$OUT/scratch")
+if [ -n "${REGRTEST_RESOURCES:-}" ]; then
+    ARGS+=(-u "$REGRTEST_RESOURCES")
+fi
+
+list_maps() {
+    find /tmp -maxdepth 1 -name 'perf-*.map' -printf '%f\n' 2>/dev/null | LC_ALL=C sort
+}
+
+MAPS_BEFORE=$(mktemp)
+list_maps >"$MAPS_BEFORE"
+
+cleanup_maps() {
+    local name pid n=0
+    while read -r name; do
+        pid=${name#perf-}
+        pid=${pid%.map}
+        # A process still running (another user of /tmp) keeps its map.
+        if [ -n "$pid" ] && ! kill -0 "$pid" 2>/dev/null; then
+            rm -f "/tmp/$name" && n=$((n + 1))
+        fi
+    done < <(list_maps | LC_ALL=C comm -13 "$MAPS_BEFORE" -)
+    rm -f "$MAPS_BEFORE"
+    echo "regrtest-perf: removed $n perf map(s) left in /tmp by this run"
+}
+trap cleanup_maps EXIT
+
+# Restore SIGINT and SIGQUIT to their default action, then exec argv[1:].
+DEFAULT_SIGNALS='import os, signal, sys
+for number in (signal.SIGINT, signal.SIGQUIT):
+    signal.signal(number, signal.SIG_DFL)
+os.execv(sys.argv[1], sys.argv[1:])'
+
+# run_pass NAME ENV...: one regrtest pass; its wall time goes to NAME.time.
+run_pass() {
+    local name=$1
+    shift
+    local start end
+    start=$(date +%s)
+    echo "regrtest-perf: pass '$name' started $(date -u +%H:%M:%SZ); log: $OUT/$name.log"
+    (cd "$TREE" && env -u PYTHONPERFSUPPORT -u PYTHON_PERF_JIT_SUPPORT "$@" \
+        "$PYTHON" -c "$DEFAULT_SIGNALS" "$PYTHON" -m test "${ARGS[@]}" \
+        --junit-xml "$OUT/$name.xml" "${TEST_ARGS[@]}") >"$OUT/$name.log" 2>&1
+    local rc=$?
+    end=$(date +%s)
+    echo "$((end - start))" >"$OUT/$name.time"
+    echo "regrtest-perf: pass '$name' exited $rc after $((end - start)) s"
+}
+
+TEST_ARGS=("$@")
+rm -f "$OUT"/plain.* "$OUT"/perf.* "$OUT"/rerun-*.log "$OUT"/summary.txt
+run_pass plain
+run_pass perf PYTHONPERFSUPPORT=1
+
+# Compare, then rerun each perf-only failure on its own to confirm it.
+env -u PYTHONPERFSUPPORT "$PYTHON" "$ROOT/tools/regrtest_compare.py" \
+    --python "$PYTHON" --tree "$TREE" --out "$OUT" --timeout "$TIMEOUT" \
+    | tee "$OUT/summary.txt"
+exit "${PIPESTATUS[0]}"
