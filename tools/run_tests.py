@@ -7,11 +7,13 @@ that crashed or failed to load shows up as a regrtest failure without a
 failing case; it is counted as one failed case so it cannot go unnoticed.
 """
 
+import glob
 import os
 import signal
 import subprocess
 import sys
 import tempfile
+import time
 import unittest
 import xml.etree.ElementTree as ET
 
@@ -23,6 +25,30 @@ REGRTESTS = ["test_perf_profiler", "test_sys", "test_cmd_line", "test_embed",
              "test_capi", "test_sysconfig", "test_threading", "test_os",
              "test_generators", "test_exceptions", "test_sys_settrace",
              "test_subprocess", "test_multiprocessing_fork"]
+
+# Then a large part of CPython's suite again with PYTHONPERFSUPPORT=1, so
+# that every interpreter the tests start runs with trampolines: the parts
+# of the interpreter the fast path and the hook touch (calls, frames,
+# tracing, generators, exceptions, threads, signals, fork, GC, code
+# objects).  The whole suite, with and without perf, is
+# `make test-regrtest-perf` (about an hour on 2 cores: too long for CI).
+REGRTESTS_UNDER_PERF = [
+    "test_sys", "test_threading", "test_os", "test_subprocess",
+    "test_generators", "test_exceptions", "test_sys_settrace", "test_code",
+    "test_frame", "test_traceback", "test_coroutines", "test_asyncgen",
+    "test_signal", "test_gc", "test_weakref", "test_dis", "test_pdb",
+    "test_inspect", "test_functools", "test_contextlib", "test_scope",
+    "test_call", "test_class", "test_descr", "test_faulthandler",
+    "test_tracemalloc", "test_profile", "test_cprofile", "test_trace",
+    "test_bdb", "test_dataclasses", "test_json", "test_re",
+    "test_pickle", "test_copy", "test_unittest", "test_doctest",
+    "test_importlib", "test_asyncio", "test_concurrent_futures",
+    "test_multiprocessing_fork", "test_multiprocessing_forkserver",
+    "test_capi", "test_embed", "test_cmd_line", "test_cmd_line_script",
+    "test_ctypes", "test_decorators", "test_keywordonlyarg",
+    "test_positional_only_arg", "test_grammar", "test_compile",
+    "test_exception_group", "test_raise", "test_with", "test_typing",
+]
 
 
 def count_junit(path):
@@ -55,13 +81,23 @@ def clean_environment():
     return {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
 
 
-def run_regrtests(tests, extra_args):
+def known_differences():
+    """Tests that legitimately differ under perf, with the reason
+    (tools/regrtest_compare.py)."""
+    sys.path.insert(0, os.path.join(ROOT, "tools"))
+    from regrtest_compare import KNOWN_DIFFERENCES
+    return KNOWN_DIFFERENCES
+
+
+def run_regrtests(tests, extra_args, env_extra=None):
     with tempfile.TemporaryDirectory() as tmp:
         xml = os.path.join(tmp, "junit.xml")
         cmd = [sys.executable, "-m", "test", "-j", str(os.cpu_count() or 2),
                "--timeout", "1200", "--junit-xml", xml, *extra_args, *tests]
         print("run-tests:", " ".join(cmd), flush=True)
-        proc = subprocess.run(cmd, cwd=TREE, env=clean_environment())
+        env = clean_environment()
+        env.update(env_extra or {})
+        proc = subprocess.run(cmd, cwd=TREE, env=env)
         counts = count_junit(xml) if os.path.exists(xml) else (0, 0, 0)
     passed, failed, skipped = counts
     if proc.returncode != 0 and failed == 0:
@@ -69,6 +105,26 @@ def run_regrtests(tests, extra_args):
               "failing case: counting one failure", flush=True)
         failed = 1
     return passed, failed, skipped
+
+
+def profiler_files():
+    return set(glob.glob("/tmp/perf-*.map") + glob.glob("/tmp/jit-*.dump")
+               + glob.glob("/tmp/jitted-*.so"))
+
+
+def remove_new_profiler_files(before, since):
+    """Remove the profiler files that processes of this run left in /tmp
+    (perf reads them at report time, so nothing else removes them)."""
+    removed = 0
+    for path in profiler_files() - before:
+        try:
+            st = os.stat(path)
+            if st.st_uid == os.geteuid() and st.st_mtime >= since:
+                os.unlink(path)
+                removed += 1
+        except OSError:
+            pass
+    print(f"run-tests: removed {removed} profiler files left in /tmp")
 
 
 def run_tooling_tests():
@@ -95,9 +151,21 @@ def main():
     tests = [t for t in REGRTESTS
              if os.path.exists(os.path.join(TREE, "Lib", "test", t))
              or os.path.exists(os.path.join(TREE, "Lib", "test", t + ".py"))]
+    under_perf = list(dict.fromkeys(REGRTESTS_UNDER_PERF))
+    ignored = []
+    for test_id, reason in known_differences().items():
+        print(f"run-tests: under perf, not running {test_id}: {reason}")
+        ignored += ["-i", test_id.rsplit(".", 1)[-1]]
+    print("run-tests: CPython's tests again with PYTHONPERFSUPPORT=1",
+          flush=True)
+    before, since = profiler_files(), time.time() - 1
     totals = [0, 0, 0]
-    for counts in (run_regrtests(tests, sys.argv[1:]), run_tooling_tests()):
+    for counts in (run_regrtests(tests, sys.argv[1:]),
+                   run_regrtests(under_perf, [*ignored, *sys.argv[1:]],
+                                 {"PYTHONPERFSUPPORT": "1"}),
+                   run_tooling_tests()):
         totals = [a + b for a, b in zip(totals, counts)]
+    remove_new_profiler_files(before, since)
     passed, failed, skipped = totals
     print(f"{passed} passed, {failed} failed, {skipped} skipped")
     return 1 if failed else 0
