@@ -1269,6 +1269,11 @@ class MapFaultTests(StressTestCase):
         """Run source with `args` in a mount namespace whose /tmp is a
         fresh 64 KiB tmpfs prepared by `shell`; skip if that is not
         permitted here."""
+        for path in (sys.executable, sysconfig.get_paths()["stdlib"]):
+            real = os.path.realpath(path)
+            if real == "/tmp" or real.startswith("/tmp/"):
+                self.skipTest(f"the interpreter is under /tmp ({real}), "
+                              f"which a private tmpfs on /tmp would hide")
         unshare = shutil.which("unshare")
         if unshare is None:
             self.skipTest("unshare(1) is not installed")
