@@ -10,6 +10,10 @@
 # environment by design and run without perf in both passes.)
 #
 # Choices, so nothing is excluded silently:
+# - Both passes run without any PYTHON* variable of the caller's environment
+#   (PYTHONUNBUFFERED, PYTHONDONTWRITEBYTECODE, PYTHONPATH, ...): they change
+#   what some stdlib tests see (test_cmd_line's buffering test, test_cppext,
+#   test_compileall fail with the first two), in both passes alike.
 # - The whole suite, regrtest's default selection.  No test is excluded.
 # - Resources: regrtest's defaults (no -u), i.e. tests needing network,
 #   largefile, cpu, gui, audio, curses, decimal, subprocess, urlfetch,
@@ -113,7 +117,7 @@ run_pass() {
     local start end
     start=$(date +%s)
     echo "regrtest-perf: pass '$name' started $(date -u +%H:%M:%SZ); log: $OUT/$name.log"
-    (cd "$TREE" && env -u PYTHONPERFSUPPORT -u PYTHON_PERF_JIT_SUPPORT "$@" \
+    (cd "$TREE" && env "${UNSET_PYTHON_VARS[@]}" "$@" \
         "$PYTHON" -c "$DEFAULT_SIGNALS" "$PYTHON" -m test "${ARGS[@]}" \
         --junit-xml "$OUT/$name.xml" "${TEST_ARGS[@]}") >"$OUT/$name.log" 2>&1
     local rc=$?
@@ -123,6 +127,10 @@ run_pass() {
 }
 
 TEST_ARGS=("$@")
+UNSET_PYTHON_VARS=()
+for var in $(compgen -e); do
+    case $var in PYTHON*) UNSET_PYTHON_VARS+=(-u "$var") ;; esac
+done
 rm -f "$OUT"/plain.* "$OUT"/perf.* "$OUT"/rerun-*.log "$OUT"/summary.txt
 run_pass plain
 run_pass perf PYTHONPERFSUPPORT=1

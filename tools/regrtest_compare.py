@@ -108,9 +108,9 @@ def parse_junit(path):
 
 
 def rerun(args, test, perf, number):
-    env = dict(os.environ)
-    env.pop("PYTHONPERFSUPPORT", None)
-    env.pop("PYTHON_PERF_JIT_SUPPORT", None)
+    # Like the passes (tools/regrtest-perf.sh): no PYTHON* variables.
+    env = {name: value for name, value in os.environ.items()
+           if not name.startswith("PYTHON")}
     if perf:
         env["PYTHONPERFSUPPORT"] = "1"
     log = os.path.join(args.out, "rerun-%s-%s-%d.log"

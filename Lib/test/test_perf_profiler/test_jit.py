@@ -832,10 +832,11 @@ class PerfJitWorkflowTests(JitTestCase):
         self.assertEqual(proc.returncode, 0, proc.stderr)
         self.assertNotIn("-fno-omit-frame-pointer", proc.stdout)
 
-    def record_chains(self, source):
+    def record_chains(self, source, stack_dump=8192):
         """Run `source` under perf record --call-graph dwarf with -X perf_jit,
         inject the dump, and return each sample's Python frames (innermost
-        first) and the script's path."""
+        first) and the script's path.  perf copies `stack_dump` bytes of
+        stack per sample: deeper frames cannot be unwound."""
         path = write_script(self.tmpdir, source)
         data = os.path.join(self.tmpdir, "perf.data")
         injected = os.path.join(self.tmpdir, "perf.jit.data")
@@ -845,7 +846,7 @@ class PerfJitWorkflowTests(JitTestCase):
         env = clean_env()
         record = run([*perf, "record", "-q", "--no-buildid-cache", "-k", "1",
                       "-e", "cpu-clock", "-F", "999",
-                      "--call-graph", "dwarf", "-o", data,
+                      "--call-graph", f"dwarf,{stack_dump}", "-o", data,
                       "--", NOFP_PYTHON, "-X", "perf_jit", path],
                      cwd=self.tmpdir, env=env)
         pid = int(record.stdout.split()[0])
@@ -887,7 +888,9 @@ class PerfJitWorkflowTests(JitTestCase):
         # A deep chain whose trampolines were made first, then many more
         # right behind them in the arena: perf must still find each
         # trampoline's own unwind tables (it looks them up just past the
-        # code), and walk every sample from leaf to <module>.
+        # code), and walk every sample from leaf to <module>.  The stack
+        # copy must hold 14 frames of the evaluator, which are much larger
+        # in sanitizer builds: 32 KiB.
         depth = 12
         callers = "\n".join(f"def f{i}(n): return f{i - 1}(n)"
                              for i in range(1, depth + 1))
@@ -904,7 +907,7 @@ class PerfJitWorkflowTests(JitTestCase):
             for i in range(50):
                 exec(f"def g{{i}}(): pass\\ng{{i}}()")
             f{depth}(6_000_000)
-            """))
+            """), stack_dump=32768)
         expected = [f"f{i}" for i in range(depth + 1)] + ["<module>"]
         leaf_samples = [c for c in chains if c and c[0] == "f0"]
         self.assertGreaterEqual(len(leaf_samples), 20)
