@@ -462,7 +462,7 @@ static int
 perfmap_write_entry(const void *code, size_t code_size,
                     const char *name, size_t name_size)
 {
-    char line[64 + _PyPerf_MAX_NAME];
+    static char line[64 + _PyPerf_MAX_NAME];     /* under the GIL */
     size_t n = append_hex(line, 0, (uintptr_t)code);
     line[n++] = ' ';
     n = append_hex(line, n, code_size);
@@ -788,7 +788,9 @@ compile_trampoline(PyCodeObject *co, const perf_interp *pi)
         /* The slot stays unused: harmless, and rare. */
         return NULL;
     }
-    char name[_PyPerf_MAX_NAME];
+    /* Static (the GIL serializes us): this can run near the bottom of a
+       deep C stack, and names take kilobytes. */
+    static char name[_PyPerf_MAX_NAME];
     size_t name_size = _PyPerf_FormatName(co, name);
     if (pi->backend->write_entry(slot, perf_state.code_size,
                                  name, name_size) < 0) {
