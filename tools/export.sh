@@ -29,10 +29,14 @@ is_generated() {
     return 1
 }
 
-{
+# The list is read on descriptor 3: commands in the loop must not be able
+# to swallow lines of it from their standard input.
+changes=$( {
     git_t diff --name-status --no-renames pristine
     git_t ls-files --others --exclude-standard | sed 's/^/A\t/'
-} | LC_ALL=C sort -t$'\t' -k2 -u | while IFS=$'\t' read -r status path; do
+} | LC_ALL=C sort -t$'\t' -k2 -u )
+while IFS=$'\t' read -r status path <&3; do
+    [ -n "$path" ] || continue
     is_generated "$path" && continue
     if [ "$status" = A ] && ! git_t cat-file -e "pristine:$path" 2>/dev/null; then
         mkdir -p "$stage/$(dirname "$path")"
@@ -43,7 +47,7 @@ is_generated() {
             --dst-prefix=b/ pristine -- "$path" |
             sed '/^index [0-9a-f]*\.\.[0-9a-f]*/d' >"$stage/patches/$path.patch"
     fi
-done
+done 3<<<"$changes"
 
 if [ $check = 2 ]; then
     inputs_hash "$stage"
