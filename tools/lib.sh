@@ -8,15 +8,21 @@ OVERLAY_DIRS=(Doc Grammar Include Lib Mac Misc Modules Objects PC PCbuild
 # Regenerated from the patched configure.ac, never exported.
 GENERATED=(configure pyconfig.h.in)
 
+# Both succeed when a directory is missing: callers run under set -e and
+# pipefail, where a failing `[ -d ... ]` would cut the list short.
 overlay_files() {
     local d
     (cd "${1:-$ROOT}" && for d in "${OVERLAY_DIRS[@]}"; do
-        [ -d "$d" ] && find "$d" -type f
+        if [ -d "$d" ]; then
+            find "$d" -type f
+        fi
     done | LC_ALL=C sort)
 }
 
 patch_files() {
-    (cd "${1:-$ROOT}" && [ -d patches ] && find patches -type f -name '*.patch' | LC_ALL=C sort)
+    (cd "${1:-$ROOT}" && if [ -d patches ]; then
+        find patches -type f -name '*.patch' | LC_ALL=C sort
+    fi)
 }
 
 # A hash of the overlay and patches under a directory (default: the
