@@ -12,13 +12,18 @@ CONFIGURE_FLAGS ?=
 # tests and demo (the configuration perf_jit exists for).
 NOFP_TREE := build/cpython-nofp
 
-.PHONY: all build deps deps-jit tree export test demo demo-jit nofp bench clean help
+# perf >= 6.8 for the perf_jit workflow, unpacked privately by
+# `make deps-jit`: the system's perf stays what it was.
+PRIVATE_PERF := build/perf/usr/bin/perf
+
+.PHONY: all build deps deps-jit tree export test test-fresh demo demo-jit nofp bench clean help
 
 all: build
 
 help:
 	@echo "make            build $(PYTHON) (fetches and assembles the tree if needed)"
 	@echo "make test       build, then run the tests; ends with 'N passed, N failed, N skipped'"
+	@echo "make test-fresh make demo and make test in a clean Debian 12 root (debootstrap)"
 	@echo "make demo       profile examples/demo.py under perf and show Python frames"
 	@echo "make demo-jit   the same with -X perf_jit on a build without frame pointers"
 	@echo "make bench      benchmarks: stock 3.11.2 vs ours (perf off/on) vs upstream"
@@ -30,7 +35,8 @@ help:
 deps:
 	@tools/install-deps.sh
 
-# perf >= 6.8 (Debian 12: from bookworm-backports) for perf inject --jit.
+# A private perf >= 6.8 (Debian 12: from bookworm-backports) for perf
+# inject --jit, in build/perf/.
 deps-jit:
 	@tools/install-deps.sh jit
 
@@ -48,7 +54,12 @@ nofp: deps-jit tree
 	@tools/build.sh $(NOFP_TREE) --without-frame-pointers $(CONFIGURE_FLAGS)
 
 test: build nofp
-	@PERF_NOFP_PYTHON=$(CURDIR)/$(NOFP_TREE)/python tools/run-tests.sh
+	@PERF_NOFP_PYTHON=$(CURDIR)/$(NOFP_TREE)/python PERF=$(CURDIR)/$(PRIVATE_PERF) \
+		tools/run-tests.sh
+
+# The README's two commands in a clean Debian 12 root (what CI runs).
+test-fresh:
+	@tools/test-fresh.sh
 
 demo: build
 	@tools/demo.sh

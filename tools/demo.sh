@@ -1,35 +1,45 @@
 #!/bin/bash
 # make demo: profile examples/demo.py under perf with -X perf and show the
-# Python functions next to the C functions they call.
+# Python functions next to the C functions they call.  Exits 0 only if
+# perf's report shows the demo's Python frames.
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 PYTHON=$TREE/python
-OUT=$ROOT/build/demo
+OUT=${DEMO_OUT:-$ROOT/build/demo}
 DATA=$OUT/perf.data
+PERF=${PERF:-perf}
 mkdir -p "$OUT"
 
-command -v perf >/dev/null || { echo "demo: perf is not installed (make deps)" >&2; exit 1; }
+command -v "$PERF" >/dev/null ||
+    { echo "demo: $PERF is not installed (run: make deps)" >&2; exit 1; }
+[ -x "$PYTHON" ] || { echo "demo: $PYTHON is not built (run: make)" >&2; exit 1; }
 echo "demo: perf record -e cpu-clock -F 999 -g -- $PYTHON -X perf examples/demo.py" >&2
-if ! perf record -q -e cpu-clock -F 999 -g -o "$DATA" -- \
+if ! "$PERF" record -q -e cpu-clock -F 999 -g -o "$DATA" -- \
         "$PYTHON" -X perf "$ROOT/examples/demo.py" 2>"$OUT/record.log"; then
     cat "$OUT/record.log" >&2
     echo "demo: perf record failed; as non-root, try: sudo sysctl kernel.perf_event_paranoid=1" >&2
     exit 1
 fi
 
+# perf's whole output goes to files first: a filter that stops reading
+# early would kill perf with SIGPIPE and fail the pipeline.
+"$PERF" report -i "$DATA" --stdio --children --sort sym -g none \
+    --percent-limit 3 >"$OUT/report.txt" 2>"$OUT/report.log"
+"$PERF" script -i "$DATA" -F ip,sym >"$OUT/script.txt" 2>"$OUT/script.log"
+
 echo
 echo "== Hottest functions, including time spent in their callees =="
 echo "   (py:: entries are Python functions; the others are C)"
-perf report -i "$DATA" --stdio --children --sort sym -g none --percent-limit 3 2>/dev/null |
-    grep -E '^ +[0-9.]+%' | grep -vE '_start|__libc|Py_BytesMain|pymain_|_PyRun_|run_mod|PyEval_EvalCode' |
-    head -25 | sed -E 's/\[\.\] //'
+awk '/^ +[0-9.]+%/ && !/_start|__libc|Py_BytesMain|pymain_|_PyRun_|run_mod|PyEval_EvalCode/ {
+        sub(/\[\.\] /, ""); print; if (++n == 25) exit }' "$OUT/report.txt"
 
 echo
 echo "== One sampled call stack, innermost first =="
-perf script -i "$DATA" -F ip,sym 2>/dev/null | awk -v RS= '
-    /py::parse/ && /py::handle_request/ && !/^[[:space:]]*[0-9a-f]+ _PyEval_EvalFrameDefault/ {
-        print; exit }' | awk '{ $1 = ""; sub(/^ /, ""); print "    " $0 }' |
-    grep -vE '__libc|_start$' | head -24
+awk -v RS= '/py::parse/ && /py::handle_request/ &&
+            !/^[[:space:]]*[0-9a-f]+ _PyEval_EvalFrameDefault/ { print; exit }' \
+    "$OUT/script.txt" >"$OUT/stack.txt"
+awk '!/__libc|_start$/ { $1 = ""; sub(/^ /, ""); print "    " $0; if (++n == 24) exit }' \
+    "$OUT/stack.txt"
 
 echo
 echo "perf data: $DATA"
@@ -38,3 +48,11 @@ echo "    perf report -i $DATA                      # interactive"
 echo "    perf report -i $DATA --stdio --children --sort sym"
 echo "    perf script -i $DATA                      # every sample's stack"
 echo "The names come from /tmp/perf-<pid>.map, which perf reads at report time."
+
+if ! grep -q 'py::handle_request:' "$OUT/report.txt" ||
+   [ ! -s "$OUT/stack.txt" ]; then
+    echo "demo: error: perf shows no Python frames of examples/demo.py" \
+        "(perf report: $OUT/report.txt); is $PYTHON built with perf" \
+        "trampolines (sysconfig PY_HAVE_PERF_TRAMPOLINE)?" >&2
+    exit 1
+fi

@@ -7,6 +7,7 @@
 # sources list and lists directory derived from the machine's own apt
 # configuration, so the system's apt state is never changed.
 set -euo pipefail
+. "$(dirname "$0")/lib.sh"
 
 VERSION=3.11.2
 SHA256=2411c74bda5bbcfcddaf4531f66d1adc73f247f529aee981b029513aefdbf849
@@ -25,23 +26,13 @@ store() {
     cp "$1" "$CACHED.tmp.$$" && mv "$CACHED.tmp.$$" "$CACHED"
 }
 
-# Debian mirrors named by the machine's apt configuration (both formats).
-apt_mirrors() {
-    {
-        sed -n 's/^URIs:[[:space:]]*//p' /etc/apt/sources.list.d/*.sources 2>/dev/null | tr ' ' '\n'
-        grep -hE '^[[:space:]]*deb(-src)?[[:space:]]' /etc/apt/sources.list \
-            /etc/apt/sources.list.d/*.list 2>/dev/null |
-            sed -E 's/\[[^]]*\]//' | awk '{print $2}'
-    } | grep -E '^(https?|file):' | grep -iE 'debian' | sort -u || true
-}
-
 from_apt() {
     command -v apt-get >/dev/null || return 1
     local work mirrors uri name hash m
     mirrors=$(apt_mirrors)
     [ -n "$mirrors" ] || return 1
     work=$(mktemp -d)
-    trap 'rm -rf "$work"' RETURN
+    trap 'rm -rf "$work"; trap - RETURN' RETURN
     mkdir -p "$work/lists/partial" "$work/parts"
     for m in $mirrors; do
         case $m in

@@ -1,30 +1,38 @@
 #!/bin/bash
-# Install the Debian packages needed to build and test the patched
-# interpreter.  As root, missing packages are installed; otherwise the exact
-# command is printed and the script fails.
+# Install what building and testing the patched interpreter needs.  As
+# root, missing Debian packages are installed; otherwise the exact command
+# is printed and the script fails.
 #
-#   tools/install-deps.sh          build and test dependencies
+#   tools/install-deps.sh          build, demo and test dependencies
 #   tools/install-deps.sh bench    ... plus hyperfine (kept for manual use)
-#   tools/install-deps.sh jit      ... plus perf >= 6.8 for the perf_jit tests
+#   tools/install-deps.sh jit      ... plus a private perf >= 6.8 (below)
+#   tools/install-deps.sh fresh    ... plus debootstrap (make test-fresh)
+#
+# Packages are installed without their recommends, so every package the
+# build, the demo or the tests run is named here (a clean Debian 12 root,
+# make test-fresh, proves the list complete).
 #
 # "jit": `perf inject --jit` only merges DWARF-unwound jitdump frames
-# correctly from perf 6.8 on; Debian 12 ships 6.1.  The newer linux-perf
-# comes from the release's backports suite, looked up through a private
-# sources list and lists directory (mirrors taken from the machine's own
-# apt configuration), so the system's apt sources and lists are not changed.
-# It replaces the installed linux-perf package (/usr/bin/perf).
+# correctly from perf 6.8 on; Debian 12 ships 6.1.  The system's perf is
+# left alone: the linux-perf package of the release's backports suite is
+# downloaded (through a private sources list and lists directory, mirrors
+# taken from the machine's apt configuration) and unpacked under
+# build/perf/, and the shared libraries it needs that are missing are
+# installed from the release.  Nothing installed is upgraded.
 set -euo pipefail
+. "$(dirname "$0")/lib.sh"
 
-PACKAGES=(build-essential pkg-config autoconf2.69 libffi-dev zlib1g-dev
+PACKAGES=(build-essential pkg-config autoconf2.69 git libffi-dev zlib1g-dev
           libssl-dev libbz2-dev liblzma-dev libsqlite3-dev libreadline-dev
           libncurses-dev uuid-dev libgdbm-dev libgdbm-compat-dev gdb
-          linux-perf binutils gcc-aarch64-linux-gnu qemu-user-static)
+          linux-perf binutils gcc-aarch64-linux-gnu libc6-dev-arm64-cross
+          qemu-user-static)
 MODE=${1:-}
 case $MODE in
-"") ;;
+"" | jit) ;;
 bench) PACKAGES+=(hyperfine) ;;
-jit) ;;
-*) echo "install-deps: unknown mode '$MODE' (expected: bench, jit)" >&2
+fresh) PACKAGES=(debootstrap git) ;;
+*) echo "install-deps: unknown mode '$MODE' (expected: bench, jit, fresh)" >&2
    exit 2 ;;
 esac
 PERF_JIT_MIN=6.8
@@ -35,23 +43,39 @@ say() { echo "install-deps: $*" >&2; }
 # suffixes ("6.7-3") are not patch levels, so only major.minor counts.
 perf_is_new_enough() {
     local v
-    v=$(perf version 2>/dev/null | sed -n 's/^perf version \([0-9]*\.[0-9]*\).*/\1/p')
+    v=$("$1" version 2>/dev/null | sed -n 's/^perf version \([0-9]*\.[0-9]*\).*/\1/p')
     [ -n "$v" ] &&
         [ "$(printf '%s\n%s\n' "$PERF_JIT_MIN" "$v" | sort -V | head -1)" = "$PERF_JIT_MIN" ]
 }
 
-# Debian mirrors named by the machine's apt configuration (both formats).
-apt_mirrors() {
-    {
-        sed -n 's/^URIs:[[:space:]]*//p' /etc/apt/sources.list.d/*.sources 2>/dev/null | tr ' ' '\n'
-        grep -hE '^[[:space:]]*deb[[:space:]]' /etc/apt/sources.list \
-            /etc/apt/sources.list.d/*.list 2>/dev/null |
-            sed -E 's/\[[^]]*\]//' | awk '{print $2}'
-    } | grep -E '^(https?|file):' | grep -iE 'debian' | sort -u || true
+missing_packages() {
+    local p
+    for p in "$@"; do
+        dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' ||
+            echo "$p"
+    done
 }
 
-install_backports_perf() {
-    local codename mirrors work m keyring=
+# Install the named packages that are missing, at the release's versions;
+# packages already installed are never upgraded.
+install_missing() {
+    local missing
+    mapfile -t missing < <(missing_packages "$@")
+    [ ${#missing[@]} -eq 0 ] && return 0
+    if [ "$(id -u)" -ne 0 ]; then
+        say "missing Debian packages; run:"
+        say "    sudo apt-get install ${missing[*]}"
+        return 1
+    fi
+    say "installing ${missing[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq >&2
+    apt-get install -y -qq --no-install-recommends --no-upgrade "${missing[@]}" >&2
+}
+
+# Download linux-perf from <codename>-backports into $1 (a .deb).
+download_backports_perf() {
+    local dest=$1 codename mirrors work m keyring=
     codename=$(. /etc/os-release && echo "${VERSION_CODENAME:-}")
     [ -n "$codename" ] || { say "error: no VERSION_CODENAME in /etc/os-release"; return 1; }
     mirrors=$(apt_mirrors)
@@ -62,67 +86,60 @@ install_backports_perf() {
     [ -f /usr/share/keyrings/debian-archive-keyring.gpg ] &&
         keyring="[signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] "
     work=$(mktemp -d)
-    trap 'rm -rf "$work"' RETURN
+    trap 'rm -rf "$work"; trap - RETURN' RETURN
     mkdir -p "$work/lists/partial" "$work/parts" "$work/cache/archives/partial"
-    # The release itself is listed too: the backported package's
-    # dependencies come from it.
     for m in $mirrors; do
         case $m in
-        *security*) echo "deb $keyring$m $codename-security main" ;;
-        *) echo "deb $keyring$m $codename main"
-           echo "deb $keyring$m $codename-updates main"
-           echo "deb $keyring$m $codename-backports main" ;;
+        *security*) ;;
+        *) echo "deb $keyring$m $codename-backports main" ;;
         esac
     done >"$work/sources.list"
     local opts=(-o "Dir::Etc::SourceList=$work/sources.list"
                 -o "Dir::Etc::SourceParts=$work/parts"
                 -o "Dir::State::Lists=$work/lists"
                 -o "Dir::Cache=$work/cache"
-                -o "APT::Sandbox::User=root")
+                -o "Debug::NoLocking=1"
+                -o "APT::Sandbox::User=$(id -un)")
     say "looking up linux-perf in $codename-backports ($(echo $mirrors | tr '\n' ' '))"
-    apt-get "${opts[@]}" -qq update >&2 2>"$work/update.log" || {
+    apt-get "${opts[@]}" -qq update 2>"$work/update.log" >&2 || {
         say "error: apt-get update of the private sources list failed:"
         cat "$work/update.log" >&2
         return 1
     }
-    say "installing linux-perf from $codename-backports"
-    # Only linux-perf comes from backports; its dependencies keep the
-    # release's versions.
-    apt-get "${opts[@]}" install -y -qq --no-install-recommends \
-        "linux-perf/$codename-backports" >&2
+    (cd "$work" && apt-get "${opts[@]}" -qq download "linux-perf/$codename-backports") >&2 || {
+        say "error: could not download linux-perf from $codename-backports"
+        return 1
+    }
+    mv "$work"/linux-perf_*.deb "$dest"
 }
 
-missing=()
-for p in "${PACKAGES[@]}"; do
-    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' ||
-        missing+=("$p")
-done
-need_perf=0
-if [ "$MODE" = jit ] && ! perf_is_new_enough; then
-    need_perf=1
-fi
-[ ${#missing[@]} -eq 0 ] && [ $need_perf -eq 0 ] && exit 0
+# A private perf >= 6.8 at $PRIVATE_PERF (lib.sh).
+install_private_perf() {
+    local dir deb deps
+    perf_is_new_enough "$PRIVATE_PERF" && return 0
+    dir=$(dirname "$(dirname "$(dirname "$PRIVATE_PERF")")")
+    rm -rf "$dir.new"
+    mkdir -p "$dir.new"
+    deb=$dir.new/linux-perf.deb
+    download_backports_perf "$deb"
+    # The shared libraries perf is linked with; perl and python3 are only
+    # for perf's scripting, which the tests and the demo do not use.
+    mapfile -t deps < <(dpkg-deb -f "$deb" Depends | tr ',' '\n' |
+        sed -E 's/\(.*\)//; s/\|.*//; s/[[:space:]]//g' | grep -v ':any$' | grep .)
+    install_missing "${deps[@]}"
+    dpkg-deb -x "$deb" "$dir.new"
+    rm -f "$deb"
+    rm -rf "$dir"
+    mv "$dir.new" "$dir"
+    perf_is_new_enough "$PRIVATE_PERF" || {
+        say "error: $PRIVATE_PERF does not run or is older than $PERF_JIT_MIN:"
+        "$PRIVATE_PERF" version >&2 || true
+        return 1
+    }
+    say "$("$PRIVATE_PERF" version) at $PRIVATE_PERF (system perf unchanged)"
+}
 
-if [ "$(id -u)" -ne 0 ]; then
-    [ ${#missing[@]} -gt 0 ] && {
-        say "missing Debian packages; run:"
-        say "    sudo apt-get install ${missing[*]}"
-    }
-    [ $need_perf -eq 1 ] &&
-        say "perf >= $PERF_JIT_MIN is needed (have: $(perf version 2>/dev/null || echo none)); run: sudo $0 jit"
-    exit 1
-fi
-export DEBIAN_FRONTEND=noninteractive
-if [ ${#missing[@]} -gt 0 ]; then
-    say "installing ${missing[*]}"
-    apt-get update -qq >&2
-    apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2
-fi
-if [ $need_perf -eq 1 ]; then
-    install_backports_perf
-    perf_is_new_enough || {
-        say "error: perf is still $(perf version 2>/dev/null || echo missing) after installing from backports"
-        exit 1
-    }
-    say "$(perf version)"
+install_missing "${PACKAGES[@]}"
+if [ "$MODE" = jit ]; then
+    install_private_perf
 fi

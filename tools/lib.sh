@@ -7,6 +7,9 @@ OVERLAY_DIRS=(Doc Grammar Include Lib Mac Misc Modules Objects PC PCbuild
               Parser Programs Python Tools)
 # Regenerated from the patched configure.ac, never exported.
 GENERATED=(configure pyconfig.h.in)
+# perf >= 6.8 for the perf_jit workflow, unpacked from the backports
+# package by tools/install-deps.sh jit; the system's perf is not replaced.
+PRIVATE_PERF=$ROOT/build/perf/usr/bin/perf
 
 # Both succeed when a directory is missing: callers run under set -e and
 # pipefail, where a failing `[ -d ... ]` would cut the list short.
@@ -33,4 +36,15 @@ inputs_hash() {
         printf '%s %s %s\n' "$f" "$(stat -c %a "$dir/$f")" \
             "$(sha256sum <"$dir/$f" | cut -c1-64)"
     done | sha256sum | cut -c1-64
+}
+
+# Debian mirrors named by the machine's apt configuration (deb822 and
+# one-line formats, binary and source entries).
+apt_mirrors() {
+    {
+        sed -n 's/^URIs:[[:space:]]*//p' /etc/apt/sources.list.d/*.sources 2>/dev/null | tr ' ' '\n'
+        grep -hE '^[[:space:]]*deb(-src)?[[:space:]]' /etc/apt/sources.list \
+            /etc/apt/sources.list.d/*.list 2>/dev/null |
+            sed -E 's/\[[^]]*\]//' | awk '{print $2}'
+    } | grep -E '^(https?|file):' | grep -iE 'debian' | sort -u || true
 }

@@ -1,27 +1,36 @@
 """Run the project's tests and print one closing line of counts.
 
-CPython's runner (python -m test) reports test modules, not test cases, so
-we ask it for a JUnit XML file and count the cases in it.  The tooling tests
-(tools/test_tooling.py) run in this process with unittest.  A test module
-that crashed or failed to load shows up as a regrtest failure without a
-failing case; it is counted as one failed case so it cannot go unnoticed.
+Our own package (Lib/test/test_perf_profiler) and the tooling tests
+(tools/test_tooling.py) run through tools/unit_counts.py, which accounts
+for every test case with unittest's own result: each failing subTest,
+each class- or module-level skip or error, with its reason.  The package
+being skipped as a whole (a build without the feature) is a failure,
+unless the build was configured --disable-perf-trampoline on purpose.
+
+CPython's own tests run with its runner (python -m test), which reports
+modules, not cases, so we ask it for a JUnit XML file and count the cases
+in it.  A test module that crashed or failed to load shows up as a
+regrtest failure without a failing case; it is counted as one failed case
+so it cannot go unnoticed.
 """
 
+import concurrent.futures
 import glob
+import json
 import os
 import signal
 import subprocess
 import sys
+import sysconfig
 import tempfile
 import time
-import unittest
 import xml.etree.ElementTree as ET
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TREE = os.environ.get("TREE", os.path.join(ROOT, "build", "cpython"))
 
-# Ours first, then the upstream tests covering what we patch.
-REGRTESTS = ["test_perf_profiler", "test_sys", "test_cmd_line", "test_embed",
+# The upstream tests covering what we patch.
+REGRTESTS = ["test_sys", "test_cmd_line", "test_embed",
              "test_capi", "test_sysconfig", "test_threading", "test_os",
              "test_generators", "test_exceptions", "test_sys_settrace",
              "test_subprocess", "test_multiprocessing_fork"]
@@ -55,28 +64,24 @@ def count_junit(path):
     passed = failed = skipped = 0
     for case in ET.parse(path).iter("testcase"):
         kinds = {child.tag for child in case}
-        if kinds & {"failure", "error"}:
+        if kinds & {"failure", "error"} or case.get("status") is None:
+            # regrtest names a case only when it reports an outcome; one
+            # whose subtests failed reports none.
             failed += 1
         elif "skipped" in kinds:
             skipped += 1
-            # Our own skips must be visible: each names its reason.
-            name = case.get("name", "")
-            if "test_perf_profiler" in name:
-                element = case.find("skipped")
-                reason = element.get("message") or (element.text or "").strip()
-                print(f"run-tests: skipped {name}: {reason}")
         else:
             passed += 1
     return passed, failed, skipped
 
 
-def clean_environment():
+def clean_environment(quiet=False):
     """os.environ without PYTHON* variables: CPython's tests expect the
     interpreter's defaults (e.g. test_cmd_line fails under
     PYTHONUNBUFFERED), and a PYTHONPERFSUPPORT from outside would change
     what our tests see."""
     dropped = sorted(k for k in os.environ if k.startswith("PYTHON"))
-    if dropped:
+    if dropped and not quiet:
         print("run-tests: running without", " ".join(dropped), flush=True)
     return {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
 
@@ -127,14 +132,71 @@ def remove_new_profiler_files(before, since):
     print(f"run-tests: removed {removed} profiler files left in /tmp")
 
 
-def run_tooling_tests():
-    sys.path.insert(0, os.path.join(ROOT, "tools"))
-    suite = unittest.defaultTestLoader.loadTestsFromName("test_tooling")
-    print("run-tests: tools/test_tooling.py", flush=True)
-    result = unittest.TextTestRunner(verbosity=2).run(suite)
-    failed = len(result.failures) + len(result.errors)
-    skipped = len(result.skipped)
-    return result.testsRun - failed - skipped, failed, skipped
+def feature_disabled_on_purpose():
+    args = sysconfig.get_config_var("CONFIG_ARGS") or ""
+    return "--disable-perf-trampoline" in args
+
+
+def run_unit_module(module, log_dir):
+    """Run one test module in the interpreter under test through
+    unit_counts.py; return (module, outcomes, log path, exit status)."""
+    out = os.path.join(log_dir, module + ".json")
+    log = os.path.join(log_dir, module + ".log")
+    with open(log, "w") as f:
+        proc = subprocess.run(
+            [sys.executable, os.path.join(ROOT, "tools", "unit_counts.py"),
+             out, module],
+            stdout=f, stderr=subprocess.STDOUT, cwd=log_dir,
+            env=clean_environment(quiet=True))
+    try:
+        with open(out, encoding="utf-8") as f:
+            outcomes = json.load(f)
+    except (OSError, ValueError):
+        outcomes = {"passed": [], "skipped": [],
+                    "failed": [[module, f"runner exited {proc.returncode} "
+                                f"without counts (log: {log})"]]}
+    return module, outcomes, log, proc.returncode
+
+
+def our_modules():
+    package = os.path.join(TREE, "Lib", "test", "test_perf_profiler")
+    names = sorted(name[:-3] for name in os.listdir(package)
+                   if name.startswith("test_") and name.endswith(".py"))
+    return [f"test.test_perf_profiler.{name}" for name in names]
+
+
+def run_unit_tests(modules, log_dir):
+    """Our package's modules (and the tooling tests), two at a time."""
+    os.makedirs(log_dir, exist_ok=True)
+    totals = [0, 0, 0]
+    jobs = min(len(modules), os.cpu_count() or 2)
+    with concurrent.futures.ThreadPoolExecutor(jobs) as pool:
+        for module, outcomes, log, status in pool.map(
+                lambda m: run_unit_module(m, log_dir), modules):
+            passed = outcomes["passed"]
+            failed = outcomes["failed"]
+            skipped = outcomes["skipped"]
+            if outcomes.get("module_skipped"):
+                if feature_disabled_on_purpose():
+                    print(f"run-tests: {module} skipped: this build was "
+                          "configured --disable-perf-trampoline")
+                else:
+                    failed, skipped = skipped, []
+            print(f"run-tests: {module}: {len(passed)} passed, "
+                  f"{len(failed)} failed, {len(skipped)} skipped "
+                  f"(log: {log})", flush=True)
+            for test_id, why in skipped:
+                print(f"run-tests:   skipped {test_id}: {why}")
+            for test_id, why in failed:
+                print(f"run-tests:   FAILED {test_id}: {why}")
+            if failed or status != 0:
+                with open(log, errors="backslashreplace") as f:
+                    sys.stdout.write(f.read())
+            if status != 0 and not failed:
+                failed = [[module, f"exited {status}"]]
+            counts = (len(passed), len(failed), len(skipped))
+            totals = [a + b for a, b in zip(totals, counts)]
+    return totals
 
 
 def restore_signals():
@@ -159,11 +221,14 @@ def main():
     print("run-tests: CPython's tests again with PYTHONPERFSUPPORT=1",
           flush=True)
     before, since = profiler_files(), time.time() - 1
+    log_dir = os.path.join(ROOT, "build", "test-logs")
+    print("run-tests: our tests and the tooling tests (logs in "
+          f"{log_dir})", flush=True)
     totals = [0, 0, 0]
-    for counts in (run_regrtests(tests, sys.argv[1:]),
+    for counts in (run_unit_tests([*our_modules(), "test_tooling"], log_dir),
+                   run_regrtests(tests, sys.argv[1:]),
                    run_regrtests(under_perf, [*ignored, *sys.argv[1:]],
-                                 {"PYTHONPERFSUPPORT": "1"}),
-                   run_tooling_tests()):
+                                 {"PYTHONPERFSUPPORT": "1"})):
         totals = [a + b for a, b in zip(totals, counts)]
     remove_new_profiler_files(before, since)
     passed, failed, skipped = totals

@@ -5,10 +5,13 @@ is never touched, and never write to the repository: the throwaway tree is
 assembled from the repository itself, so exporting it must change nothing.
 """
 
+import json
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
+import textwrap
 import unittest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -104,6 +107,122 @@ class TreeTests(unittest.TestCase):
         proc = run("assemble.sh", "--force", env=self.env)
         self.assertEqual(proc.returncode, 0, proc.stderr)
         self.assertEqual(os.stat(path).st_mtime_ns, mtime)
+
+
+class CountTests(unittest.TestCase):
+    """tools/unit_counts.py gives every test case exactly one outcome."""
+
+    MODULES = {
+        "sample_cases": """\
+            import unittest
+
+            class Plain(unittest.TestCase):
+                def test_pass(self):
+                    pass
+                def test_fail(self):
+                    self.fail("plain failure")
+                def test_skip(self):
+                    self.skipTest("plain skip")
+                def test_subtests(self):
+                    for i in range(4):
+                        with self.subTest(i=i):
+                            self.assertLess(i, 2)
+
+            class SkippedClass(unittest.TestCase):
+                @classmethod
+                def setUpClass(cls):
+                    raise unittest.SkipTest("class skip")
+                def test_a(self):
+                    pass
+                def test_b(self):
+                    pass
+
+            class BrokenClass(unittest.TestCase):
+                @classmethod
+                def setUpClass(cls):
+                    raise RuntimeError("class error")
+                def test_c(self):
+                    pass
+
+            class BrokenTeardown(unittest.TestCase):
+                @classmethod
+                def tearDownClass(cls):
+                    raise RuntimeError("teardown error")
+                def test_d(self):
+                    pass
+            """,
+        "sample_module_skip": """\
+            import unittest
+            def setUpModule():
+                raise unittest.SkipTest("module skip")
+            class T(unittest.TestCase):
+                def test_e(self):
+                    pass
+                def test_f(self):
+                    pass
+            """,
+    }
+
+    def count(self, module):
+        with tempfile.TemporaryDirectory() as tmp:
+            for name, source in self.MODULES.items():
+                with open(os.path.join(tmp, name + ".py"), "w") as f:
+                    f.write(textwrap.dedent(source))
+            out = os.path.join(tmp, "out.json")
+            proc = subprocess.run(
+                [sys.executable, os.path.join(TOOLS, "unit_counts.py"), out,
+                 module], capture_output=True, text=True,
+                env={**os.environ, "PYTHONPATH": tmp})
+            self.assertEqual(proc.returncode, 0, proc.stderr)
+            with open(out) as f:
+                counts = json.load(f)
+        return ({i.rsplit(".", 1)[-1] for i in counts["passed"]},
+                {i.rsplit(".", 1)[-1]: why for i, why in counts["failed"]},
+                {i.rsplit(".", 1)[-1]: why for i, why in counts["skipped"]})
+
+    def test_every_case_has_one_outcome(self):
+        passed, failed, skipped = self.count("sample_cases")
+        self.assertEqual(passed, {"test_pass", "test_d"})
+        self.assertEqual(skipped, {"test_skip": "plain skip",
+                                   "test_a": "setUpClass: class skip",
+                                   "test_b": "setUpClass: class skip"})
+        self.assertEqual(set(failed), {
+            "test_fail", "test_c", "test_subtests (i=2)",
+            "test_subtests (i=3)", "BrokenTeardown)"})
+        self.assertIn("plain failure", failed["test_fail"])
+        self.assertIn("class error", failed["test_c"])
+        self.assertIn("teardown error", failed["BrokenTeardown)"])
+
+    def test_module_level_skip_covers_its_cases(self):
+        passed, failed, skipped = self.count("sample_module_skip")
+        self.assertEqual((passed, failed), (set(), {}))
+        self.assertEqual(skipped, {"test_e": "setUpModule: module skip",
+                                   "test_f": "setUpModule: module skip"})
+
+
+class DemoTests(unittest.TestCase):
+    """make demo: exit status 0 and the demo's Python frames."""
+
+    def test_demo_shows_python_frames(self):
+        from test.test_perf_profiler.util import (
+            perf_record_works, skip_environment)
+        reason = perf_record_works()
+        if reason:
+            skip_environment(reason)
+        with tempfile.TemporaryDirectory() as out:
+            proc = run("demo.sh", env={
+                "DEMO_OUT": out, "TREE": os.path.dirname(sys.executable)})
+        self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
+        hottest, _, stack = proc.stdout.partition("== One sampled call stack")
+        for name in ("parse", "price", "render", "handle_request"):
+            self.assertIn(f"py::{name}:", hottest)
+        frames = [line.split()[0] for line in stack.splitlines()
+                  if line.startswith("    ")]
+        demo = [f.split(":")[2] for f in frames
+                if f.startswith("py::") and f.endswith("examples/demo.py")]
+        # Innermost first, as the demo calls them.
+        self.assertEqual(demo[:3], ["parse", "handle_request",
+                                    "serve.<locals>.<listcomp>"], stack)
 
 
 if __name__ == "__main__":

@@ -41,7 +41,7 @@ from typing import NamedTuple
 from test import support
 from test.test_perf_profiler.util import (
     PerfTestCase, clean_env, jitdump_path, map_path, map_written_since,
-    parse_perf_script, write_script)
+    parse_perf_script, skip_environment, write_script)
 
 if not sysconfig.get_config_var("PY_HAVE_PERF_JIT_TRAMPOLINE"):
     raise unittest.SkipTest("this Python was built without the perf_jit "
@@ -246,7 +246,7 @@ def decode_frames(testcase, elf_path):
     """Decode the single FDE of elf_path's .eh_frame with readelf."""
     readelf = shutil.which("readelf")
     if readelf is None:
-        testcase.skipTest("readelf (binutils) is not installed")
+        skip_environment("readelf (binutils) is not installed")
     interp = run([readelf, "--debug-dump=frames-interp", elf_path])
     raw = run([readelf, "--debug-dump=frames", elf_path])
     testcase.assertEqual(interp.returncode, 0, interp.stderr)
@@ -295,7 +295,7 @@ def disassemble(testcase, machine, elf_path):
     """[(address, size, "mnemonic operands")] of elf_path's .text."""
     objdump = gnu_tool(machine, "objdump")
     if objdump is None:
-        testcase.skipTest(f"no objdump for ELF machine {machine} "
+        skip_environment(f"no objdump for ELF machine {machine} "
                           f"({TOOL_PREFIX[machine]}objdump)")
     proc = run([objdump, "-d", "--no-show-raw-insn", elf_path])
     testcase.assertEqual(proc.returncode, 0, proc.stderr)
@@ -451,11 +451,11 @@ class UnwindDescriptionTests(UnwindCheck, unittest.TestCase):
         """Assemble Python/asm_trampoline.S for `machine`: (the template's
         bytes, readelf -sn output)."""
         if not os.path.exists(TEMPLATE_SOURCE):
-            self.skipTest(f"needs the source tree ({TEMPLATE_SOURCE})")
+            skip_environment(f"needs the source tree ({TEMPLATE_SOURCE})")
         cc = gnu_tool(machine, "gcc")
         objcopy = gnu_tool(machine, "objcopy")
         if cc is None or objcopy is None:
-            self.skipTest(f"no assembler for ELF machine {machine} "
+            skip_environment(f"no assembler for ELF machine {machine} "
                           f"({TOOL_PREFIX[machine]}gcc)")
         tmp = tempfile.mkdtemp()
         self.addCleanup(shutil.rmtree, tmp)
@@ -821,11 +821,11 @@ class PerfJitWorkflowTests(JitTestCase):
         super().setUpClass()
         reason = perf_jit_skip_reason()
         if reason:
-            raise unittest.SkipTest(reason)
+            skip_environment(reason)
 
     def test_interpreter_without_frame_pointers(self):
         if "PERF_NOFP_PYTHON" not in os.environ:
-            self.skipTest("PERF_NOFP_PYTHON is not set: the workflow runs "
+            skip_environment("PERF_NOFP_PYTHON is not set: the workflow runs "
                           "on sys.executable")
         proc = run([NOFP_PYTHON, "-c", "import sysconfig; "
                     "print(sysconfig.get_config_var('CFLAGS'))"])

@@ -18,7 +18,8 @@ import unittest
 from test import support
 from test.test_perf_profiler.util import (
     GDB_FRAME_RE, PerfTestCase, clean_env, gdb_available, gdb_backtrace,
-    map_path, parse_map, perf_record_works, record_samples, write_script)
+    map_path, parse_map, perf_record_works, record_samples, skip_environment,
+    write_script)
 
 EVAL = "_PyEval_EvalFrameDefault"
 
@@ -1291,7 +1292,7 @@ class GdbTests(PerfTestCase):
         super().setUp()
         reason = gdb_available()
         if reason:
-            self.skipTest(reason)
+            skip_environment(reason)
 
     def assertPythonLevels(self, names, levels, output):
         """`levels` Python calls in a row, each an evaluator called by a
@@ -1309,7 +1310,7 @@ class GdbTests(PerfTestCase):
         # The same stop without trampolines shows what this gdb can do.
         names, output = gdb_backtrace([sys.executable, path], "os_getppid")
         if names[:1] != ["os_getppid"] or "Py_BytesMain" not in names:
-            self.skipTest("gdb cannot unwind this interpreter without "
+            skip_environment("gdb cannot unwind this interpreter without "
                           "trampolines either:\n" + output[-1000:])
         for backend in ("perf", "perf_jit"):
             with self.subTest(backend=backend):
@@ -1394,7 +1395,7 @@ class GdbTests(PerfTestCase):
     def test_every_instruction_of_a_trampoline(self):
         probe = run_gdb(["python print('gdb has python')"])
         if "gdb has python" not in probe:
-            self.skipTest("this gdb has no Python support:\n" + probe)
+            skip_environment("this gdb has no Python support:\n" + probe)
         path = write_script(self.tmpdir, """\
             import os
             def leaf():
@@ -1446,10 +1447,10 @@ class GdbTests(PerfTestCase):
         extension = os.path.join(os.path.dirname(sys.executable),
                                  "python-gdb.py")
         if not os.path.exists(extension):
-            self.skipTest(f"needs the build directory's {extension}")
+            skip_environment(f"needs the build directory's {extension}")
         probe = run_gdb(["python print('gdb has python')"])
         if "gdb has python" not in probe:
-            self.skipTest("this gdb has no Python support:\n" + probe)
+            skip_environment("this gdb has no Python support:\n" + probe)
         path = write_script(self.tmpdir, self.SCRIPT)
         output = run_gdb([f"source {extension}", "break os_getppid", "run",
                           "py-bt", "kill"],
@@ -1493,7 +1494,7 @@ class GdbTests(PerfTestCase):
                 with self.subTest(role):
                     output = run_gdb(["bt", "detach"], attach=pid)
                     if "ptrace: Operation not permitted" in output:
-                        self.skipTest("gdb may not attach here (ptrace "
+                        skip_environment("gdb may not attach here (ptrace "
                                       "scope):\n" + output[-500:])
                     traces = backtraces(output)
                     self.assertEqual(len(traces), 1, output)
@@ -1576,7 +1577,7 @@ class GdbJitImageTests(PerfTestCase):
     def setUp(self):
         super().setUp()
         if shutil.which("readelf") is None:
-            self.skipTest("readelf (binutils) is not installed")
+            skip_environment("readelf (binutils) is not installed")
 
     def readelf(self, *args):
         proc = subprocess.run(["readelf", "-W", *args],
@@ -1746,7 +1747,7 @@ class PerfRecordTests(PerfTestCase):
         super().setUp()
         reason = perf_record_works()
         if reason:
-            self.skipTest(reason)
+            skip_environment(reason)
 
     def record(self, source, python_args=()):
         path = write_script(self.tmpdir, source)

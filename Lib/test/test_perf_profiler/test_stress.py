@@ -1272,17 +1272,17 @@ class MapFaultTests(StressTestCase):
         for path in (sys.executable, sysconfig.get_paths()["stdlib"]):
             real = os.path.realpath(path)
             if real == "/tmp" or real.startswith("/tmp/"):
-                self.skipTest(f"the interpreter is under /tmp ({real}), "
+                util.skip_environment(f"the interpreter is under /tmp ({real}), "
                               f"which a private tmpfs on /tmp would hide")
         unshare = shutil.which("unshare")
         if unshare is None:
-            self.skipTest("unshare(1) is not installed")
+            util.skip_environment("unshare(1) is not installed")
         probe = subprocess.run(
             [unshare, "--mount", "--propagation", "private", "sh", "-c",
              "mount -t tmpfs -o size=64k tmpfs /tmp"],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         if probe.returncode != 0:
-            self.skipTest(f"cannot mount a private /tmp here: "
+            util.skip_environment(f"cannot mount a private /tmp here: "
                           f"{probe.stdout.strip()[:200]}")
         # The script is passed with -c: the test's directory is under the
         # /tmp that the new mount hides.

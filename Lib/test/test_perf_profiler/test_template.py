@@ -7,12 +7,15 @@ and without BTI/PAC; the aarch64 builds run under qemu-user when it is
 installed (`-cpu max` enforces BTI on the PROT_BTI mapping).
 """
 
+import functools
 import os
 import shutil
 import subprocess
 import sysconfig
 import tempfile
 import unittest
+
+from test.test_perf_profiler.util import skip_environment
 
 SRCDIR = sysconfig.get_config_var("srcdir") or ""
 TEMPLATE = os.path.join(SRCDIR, "Python", "asm_trampoline.S")
@@ -25,7 +28,21 @@ QEMU = shutil.which("qemu-aarch64-static") or shutil.which("qemu-aarch64")
 
 def setUpModule():
     if not os.path.exists(TEMPLATE):
-        raise unittest.SkipTest("needs the source tree (Python/asm_trampoline.S)")
+        skip_environment("needs the source tree (Python/asm_trampoline.S)")
+
+
+def needs(*tools):
+    """Decorator: skip (fail where tests are required) unless each of
+    `tools` (name, path or None) was found."""
+    def decorator(func):
+        @functools.wraps(func)
+        def wrapper(self):
+            if not all(path for _, path in tools):
+                skip_environment("needs " + " and ".join(
+                    name for name, path in tools if not path))
+            return func(self)
+        return wrapper
+    return decorator
 
 
 class TemplateTests(unittest.TestCase):
@@ -60,7 +77,7 @@ class TemplateTests(unittest.TestCase):
         return subprocess.run([objdump, "-d", obj], capture_output=True,
                               text=True, check=True).stdout
 
-    @unittest.skipUnless(NATIVE_CC, "needs the C compiler Python was built with")
+    @needs(("the C compiler Python was built with", NATIVE_CC))
     @unittest.skipUnless(os.uname().machine == "x86_64", "x86_64 only")
     def test_x86_64(self):
         size = self.run_harness([self.build(NATIVE_CC)])
@@ -68,7 +85,7 @@ class TemplateTests(unittest.TestCase):
         self.assertEqual(size, 8)
         self.assertNotIn("x86 feature", self.notes(self.assemble(NATIVE_CC)))
 
-    @unittest.skipUnless(NATIVE_CC, "needs the C compiler Python was built with")
+    @needs(("the C compiler Python was built with", NATIVE_CC))
     @unittest.skipUnless(os.uname().machine == "x86_64", "x86_64 only")
     def test_x86_64_cet(self):
         size = self.run_harness([self.build(NATIVE_CC, "-fcf-protection")])
@@ -77,7 +94,7 @@ class TemplateTests(unittest.TestCase):
         self.assertIn("x86 feature: IBT, SHSTK", self.notes(obj))
         self.assertIn("endbr64", self.disassembly(obj, "objdump"))
 
-    @unittest.skipUnless(CROSS_CC, "needs aarch64-linux-gnu-gcc")
+    @needs(("aarch64-linux-gnu-gcc", CROSS_CC))
     def test_aarch64_assembles(self):
         obj = self.assemble(CROSS_CC)
         self.assertNotIn("AArch64 feature", self.notes(obj))
@@ -88,12 +105,12 @@ class TemplateTests(unittest.TestCase):
                      "autiasp"):
             self.assertIn(insn, code)
 
-    @unittest.skipUnless(CROSS_CC and QEMU, "needs aarch64-linux-gnu-gcc and qemu-user")
+    @needs(("aarch64-linux-gnu-gcc", CROSS_CC), ("qemu-user", QEMU))
     def test_aarch64_runs(self):
         exe = self.build(CROSS_CC, "-static")
         self.assertEqual(self.run_harness([QEMU, exe]), 20)
 
-    @unittest.skipUnless(CROSS_CC and QEMU, "needs aarch64-linux-gnu-gcc and qemu-user")
+    @needs(("aarch64-linux-gnu-gcc", CROSS_CC), ("qemu-user", QEMU))
     def test_aarch64_bti_pac_runs(self):
         exe = self.build(CROSS_CC, "-static", "-mbranch-protection=standard")
         self.assertEqual(self.run_harness([QEMU, "-cpu", "max", exe]), 32)

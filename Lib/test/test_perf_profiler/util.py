@@ -16,6 +16,8 @@ The API, in the order a test usually needs it:
 * perf_record_works(), record_samples(), parse_perf_script(), Sample:
   run a command under "perf record -g" and read back its call chains.
 * gdb_available(), gdb_backtrace(): frame names of a gdb "bt".
+* skip_environment(): skip a test this machine cannot run -- or, where
+  the tests are required (CI), fail it.
 * ProfilerFiles: the snapshot/cleanup logic PerfTestCase uses, for tests
   that need it on its own.
 """
@@ -43,6 +45,27 @@ MAP_LINE_RE = re.compile(r"^([0-9a-f]+) ([0-9a-f]+) (py::.+)$")
 
 # Seconds any single child process may take before the test fails.
 TIMEOUT = support.SHORT_TIMEOUT
+
+
+# ----------------------------------------------------------------------
+# Skips
+
+def tests_required():
+    """True where no test may be skipped for want of perf, gdb, ptrace,
+    mounts or cross tools: CI=true or PERF_TESTS_REQUIRED=1.  CI must
+    prove the product works, not skip the proof."""
+    return (os.environ.get("CI", "").lower() == "true"
+            or os.environ.get("PERF_TESTS_REQUIRED") == "1")
+
+
+def skip_environment(reason):
+    """Skip the running test (or class, from setUpClass) because this
+    machine lacks something it needs, saying what; fail it instead where
+    tests_required()."""
+    if tests_required():
+        raise AssertionError("required here (CI=true or "
+                             f"PERF_TESTS_REQUIRED=1), but {reason}")
+    raise unittest.SkipTest(reason)
 
 
 # ----------------------------------------------------------------------

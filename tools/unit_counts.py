@@ -1,0 +1,167 @@
+"""Run test modules with unittest and account for every test case.
+
+    python tools/unit_counts.py OUT.json MODULE [MODULE ...]
+
+Runs in the interpreter under test (run_tests.py starts it).  Each test
+case ends in exactly one outcome, written to OUT.json as
+{"passed": [...], "failed": [[id, why], ...], "skipped": [[id, why], ...]}:
+
+* a failing subTest is one failure each (unittest reports neither success
+  nor failure for the test around it);
+* a skip or error in setUpModule/setUpClass is an outcome of every test
+  case of that module/class, with its reason;
+* an error in tearDownClass/tearDownModule, or a module that cannot be
+  imported, is a failure of its own;
+* a test case that never reported anything is a failure.
+
+(Where tests are required, CI=true or PERF_TESTS_REQUIRED=1, our tests
+turn their own skips for want of perf, gdb, ptrace, mounts or cross tools
+into failures: see skip_environment() in test_perf_profiler/util.py.)
+"""
+
+import faulthandler
+import json
+import re
+import sys
+import traceback
+import unittest
+
+# An error holder's description: "setUpClass (package.module.Class)".
+FIXTURE_RE = re.compile(r"^(setUpModule|setUpClass|tearDownClass|"
+                        r"tearDownModule) \((.+)\)$")
+
+# Seconds one module may run before its stacks are dumped and it is ended.
+MODULE_TIMEOUT = 40 * 60
+
+
+def iter_cases(suite):
+    for item in suite:
+        if isinstance(item, unittest.TestSuite):
+            yield from iter_cases(item)
+        else:
+            yield item
+
+
+class CountingResult(unittest.TextTestResult):
+    """A TextTestResult that also keeps one outcome per test id."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.outcomes = {}          # test id -> (kind, why)
+        self.fixtures = []          # (fixture, scope, kind, why)
+        self.extra_failures = []    # (id, why): subtests, teardown errors
+
+    def _record(self, test, kind, why=""):
+        description = str(test)
+        match = FIXTURE_RE.match(description)
+        if isinstance(test, unittest.TestCase) or match is None:
+            self.outcomes.setdefault(test.id(), (kind, why))
+        else:
+            self.fixtures.append((match.group(1), match.group(2), kind, why))
+
+    @staticmethod
+    def _why(err):
+        """The first line of the exception, for the summary (the whole
+        traceback is in the log)."""
+        text = "".join(traceback.format_exception_only(*err[:2])).strip()
+        return (text.splitlines() or [""])[0][:300]
+
+    def addSuccess(self, test):
+        super().addSuccess(test)
+        self._record(test, "passed")
+
+    def addFailure(self, test, err):
+        super().addFailure(test, err)
+        self._record(test, "failed", self._why(err))
+
+    def addError(self, test, err):
+        super().addError(test, err)
+        self._record(test, "failed", self._why(err))
+
+    def addSkip(self, test, reason):
+        super().addSkip(test, reason)
+        self._record(test, "skipped", reason)
+
+    def addExpectedFailure(self, test, err):
+        super().addExpectedFailure(test, err)
+        self._record(test, "passed")
+
+    def addUnexpectedSuccess(self, test):
+        super().addUnexpectedSuccess(test)
+        self._record(test, "failed", "unexpected success")
+
+    def addSubTest(self, test, subtest, err):
+        super().addSubTest(test, subtest, err)
+        if err is not None:
+            self.extra_failures.append((subtest.id(), self._why(err)))
+
+
+def belongs_to(test_id, scope):
+    return test_id == scope or test_id.startswith(scope + ".")
+
+
+def account(case_ids, result):
+    """One outcome per case id, plus failures not tied to one case."""
+    passed, failed, skipped = [], [], []
+    lists = {"passed": passed, "failed": failed, "skipped": skipped}
+    for test_id in case_ids:
+        kind, why = result.outcomes.get(test_id, (None, ""))
+        if kind is None:
+            # Never ran: its class or module did not set up.
+            for fixture, scope, fkind, fwhy in result.fixtures:
+                if (fixture.startswith("setUp")
+                        and belongs_to(test_id, scope)):
+                    kind, why = fkind, f"{fixture}: {fwhy}"
+                    break
+            else:
+                kind, why = "failed", "did not run and reported nothing"
+        if kind == "passed":
+            passed.append(test_id)
+        else:
+            lists[kind].append([test_id, why])
+    for fixture, scope, kind, why in result.fixtures:
+        if fixture.startswith("tearDown") and kind == "failed":
+            failed.append([f"{fixture} ({scope})", why])
+    # A test whose subtests failed reported no outcome of its own; its
+    # failed subtests replace it.
+    subtest_parents = {i.split(" ", 1)[0] for i, _ in result.extra_failures}
+    failed[:] = [f for f in failed
+                 if not (f[0] in subtest_parents
+                         and f[1] == "did not run and reported nothing")]
+    failed.extend(list(f) for f in result.extra_failures)
+    return {"passed": passed, "failed": failed, "skipped": skipped}
+
+
+def run_module(name):
+    loader = unittest.TestLoader()
+    try:
+        suite = loader.loadTestsFromName(name)
+    except unittest.SkipTest as exc:
+        return {"passed": [], "failed": [], "skipped": [[name, str(exc)]],
+                "module_skipped": True}
+    case_ids = [case.id() for case in iter_cases(suite)]
+    runner = unittest.TextTestRunner(stream=sys.stdout, verbosity=2,
+                                     resultclass=CountingResult)
+    faulthandler.dump_traceback_later(MODULE_TIMEOUT, exit=True)
+    try:
+        result = runner.run(suite)
+    finally:
+        faulthandler.cancel_dump_traceback_later()
+    return account(case_ids, result)
+
+
+def main():
+    out, *modules = sys.argv[1:]
+    total = {"passed": [], "failed": [], "skipped": [],
+             "module_skipped": False}
+    for name in modules:
+        counts = run_module(name)
+        for kind in ("passed", "failed", "skipped"):
+            total[kind] += counts[kind]
+        total["module_skipped"] |= counts.get("module_skipped", False)
+    with open(out, "w", encoding="utf-8") as f:
+        json.dump(total, f)
+
+
+if __name__ == "__main__":
+    main()
