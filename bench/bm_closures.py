@@ -5,8 +5,8 @@ sorted() and functools.reduce() (calls from C into Python), and composition
 of small closures (Python-to-Python calls through MAKE_FUNCTION'd objects).
 """
 import functools
-import json
-import time
+
+import harness
 
 LOOPS = 16  # repetitions of work(): about 0.3 s in all
 
@@ -51,22 +51,10 @@ def work():
     return total, incr()
 
 
-def main():
-    # CPU time of each repetition: the driver can use the fastest one.
-    chunks = []
-    for _ in range(LOOPS):
-        c0 = time.process_time()
-        result = work()
-        chunks.append(time.process_time() - c0)
-    return result, chunks
+def check(result):
+    _, counted = result
+    assert counted == 30001, counted
 
 
 if __name__ == "__main__":
-    t0 = time.perf_counter()
-    c0 = time.process_time()
-    (total, counted), chunks = main()
-    elapsed = time.perf_counter() - t0
-    cpu = time.process_time() - c0
-    assert counted == 30001, counted
-    print(json.dumps({"seconds": elapsed, "cpu": cpu,
-                      "chunks": chunks}))
+    harness.run_in_chunks(work, LOOPS, check)

@@ -8,8 +8,10 @@ first run creates a trampoline and writes one map line, so (time with perf -
 time without) / 21090 is the per-code-object cost of the profiling support.
 Source generation is not timed.
 """
-import json
+import functools
 import time
+
+import harness
 
 MODULES = 190
 FUNCTIONS = 50
@@ -52,20 +54,13 @@ def run(sources):
     return total, chunks
 
 
-def main():
-    sources = [(f"/srv/app/generated/package_{m}/module_{m}.py",
-                module_source(m)) for m in range(MODULES)]
-    t0 = time.perf_counter()
-    c0 = time.process_time()
-    total, chunks = run(sources)
-    elapsed = time.perf_counter() - t0
-    cpu = time.process_time() - c0
-    return elapsed, cpu, chunks, total
+def check(total):
+    assert total != 0
 
 
 if __name__ == "__main__":
-    elapsed, cpu, chunks, total = main()
-    assert total != 0
+    sources = [(f"/srv/app/generated/package_{m}/module_{m}.py",
+                module_source(m)) for m in range(MODULES)]
     # chunks: CPU time per generated module (all modules are alike).
-    print(json.dumps({"seconds": elapsed, "cpu": cpu, "chunks": chunks,
-                      "units": CODE_OBJECTS, "unit": "code object"}))
+    harness.measure(functools.partial(run, sources), check,
+                    units=CODE_OBJECTS, unit="code object")

@@ -5,8 +5,7 @@ comprehension is a separate code object run as a function call (the
 comprehension is not inlined before 3.12), so this exercises one call per
 comprehension evaluation plus tight loops inside it.
 """
-import json
-import time
+import harness
 
 LOOPS = 27  # repetitions of work(): about 0.3 s in all
 
@@ -24,22 +23,9 @@ def work():
     return total
 
 
-def main():
-    # CPU time of each repetition: the driver can use the fastest one.
-    chunks = []
-    for _ in range(LOOPS):
-        c0 = time.process_time()
-        result = work()
-        chunks.append(time.process_time() - c0)
-    return result, chunks
+def check(result):
+    assert result > 0, result
 
 
 if __name__ == "__main__":
-    t0 = time.perf_counter()
-    c0 = time.process_time()
-    total, chunks = main()
-    elapsed = time.perf_counter() - t0
-    cpu = time.process_time() - c0
-    assert total > 0, total
-    print(json.dumps({"seconds": elapsed, "cpu": cpu,
-                      "chunks": chunks}))
+    harness.run_in_chunks(work, LOOPS, check)

@@ -5,8 +5,7 @@ that were entered by Python-to-Python calls), try/finally, exception
 chaining, context managers whose __exit__ swallows errors, and the
 EAFP dictionary-lookup idiom.
 """
-import json
-import time
+import harness
 
 LOOPS = 25  # repetitions of work(): about 0.3 s in all
 
@@ -78,22 +77,9 @@ def work():
     return caught
 
 
-def main():
-    # CPU time of each repetition: the driver can use the fastest one.
-    chunks = []
-    for _ in range(LOOPS):
-        c0 = time.process_time()
-        result = work()
-        chunks.append(time.process_time() - c0)
-    return result, chunks
+def check(result):
+    assert result == 4000 + 3000, result
 
 
 if __name__ == "__main__":
-    t0 = time.perf_counter()
-    c0 = time.process_time()
-    caught, chunks = main()
-    elapsed = time.perf_counter() - t0
-    cpu = time.process_time() - c0
-    assert caught == 4000 + 3000, caught
-    print(json.dumps({"seconds": elapsed, "cpu": cpu,
-                      "chunks": chunks}))
+    harness.run_in_chunks(work, LOOPS, check)

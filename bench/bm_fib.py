@@ -3,8 +3,7 @@
 Almost nothing but Python-to-Python calls (CALL_PY_EXACT_ARGS) and small
 integer arithmetic: the worst case for a per-call profiling cost.
 """
-import json
-import time
+import harness
 
 LOOPS = 36  # repetitions of work(): about 0.3 s in all
 
@@ -34,22 +33,9 @@ def work():
     return total
 
 
-def main():
-    # CPU time of each repetition: the driver can use the fastest one.
-    chunks = []
-    for _ in range(LOOPS):
-        c0 = time.process_time()
-        result = work()
-        chunks.append(time.process_time() - c0)
-    return result, chunks
+def check(result):
+    assert result == 28657 + 3 * 8191, result
 
 
 if __name__ == "__main__":
-    t0 = time.perf_counter()
-    c0 = time.process_time()
-    result, chunks = main()
-    elapsed = time.perf_counter() - t0
-    cpu = time.process_time() - c0
-    assert result == 28657 + 3 * 8191, result
-    print(json.dumps({"seconds": elapsed, "cpu": cpu,
-                      "chunks": chunks}))
+    harness.run_in_chunks(work, LOOPS, check)

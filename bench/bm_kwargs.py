@@ -4,8 +4,7 @@ Calls that fill in defaults (CALL_PY_WITH_DEFAULTS), calls with keyword
 arguments (CALL with kwnames), keyword-only parameters, and *args/**kwargs
 forwarding wrappers (CALL_FUNCTION_EX).
 """
-import json
-import time
+import harness
 
 LOOPS = 25  # repetitions of work(): about 0.3 s in all
 
@@ -49,22 +48,9 @@ def work():
     return total
 
 
-def main():
-    # CPU time of each repetition: the driver can use the fastest one.
-    chunks = []
-    for _ in range(LOOPS):
-        c0 = time.process_time()
-        result = work()
-        chunks.append(time.process_time() - c0)
-    return result, chunks
+def check(result):
+    assert result > 0, result
 
 
 if __name__ == "__main__":
-    t0 = time.perf_counter()
-    c0 = time.process_time()
-    total, chunks = main()
-    elapsed = time.perf_counter() - t0
-    cpu = time.process_time() - c0
-    assert total > 0, total
-    print(json.dumps({"seconds": elapsed, "cpu": cpu,
-                      "chunks": chunks}))
+    harness.run_in_chunks(work, LOOPS, check)

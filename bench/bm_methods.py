@@ -5,8 +5,7 @@ methods calling other short methods, attribute loads and stores.  Typical of
 object-oriented application code (CALL on bound methods, LOAD_ATTR,
 STORE_ATTR, class instantiation going through type.__call__).
 """
-import json
-import time
+import harness
 
 LOOPS = 26  # repetitions of work(): about 0.3 s in all
 
@@ -69,22 +68,10 @@ def work():
     return energy, c.value()
 
 
-def main():
-    # CPU time of each repetition: the driver can use the fastest one.
-    chunks = []
-    for _ in range(LOOPS):
-        c0 = time.process_time()
-        result = work()
-        chunks.append(time.process_time() - c0)
-    return result, chunks
+def check(result):
+    energy, count = result
+    assert count == 100000 and energy > 0, result
 
 
 if __name__ == "__main__":
-    t0 = time.perf_counter()
-    c0 = time.process_time()
-    (energy, count), chunks = main()
-    elapsed = time.perf_counter() - t0
-    cpu = time.process_time() - c0
-    assert count == 100000 and energy > 0, (energy, count)
-    print(json.dumps({"seconds": elapsed, "cpu": cpu,
-                      "chunks": chunks}))
+    harness.run_in_chunks(work, LOOPS, check)

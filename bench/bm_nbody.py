@@ -4,9 +4,9 @@ A handful of bodies with pairwise gravitational forces, integrated with a
 fixed time step.  Tight float loops in one function with no calls inside the
 hot loop: the -X perf hook should cost nothing here.
 """
-import json
 import math
-import time
+
+import harness
 
 LOOPS = 25  # repetitions of work(): about 0.3 s in all
 
@@ -69,22 +69,10 @@ def work():
     return before, after
 
 
-def main():
-    # CPU time of each repetition: the driver can use the fastest one.
-    chunks = []
-    for _ in range(LOOPS):
-        c0 = time.process_time()
-        result = work()
-        chunks.append(time.process_time() - c0)
-    return result, chunks
+def check(result):
+    before, after = result
+    assert math.isfinite(after) and abs(after - before) < 1.0, result
 
 
 if __name__ == "__main__":
-    t0 = time.perf_counter()
-    c0 = time.process_time()
-    (before, after), chunks = main()
-    elapsed = time.perf_counter() - t0
-    cpu = time.process_time() - c0
-    assert math.isfinite(after) and abs(after - before) < 1.0, (before, after)
-    print(json.dumps({"seconds": elapsed, "cpu": cpu,
-                      "chunks": chunks}))
+    harness.run_in_chunks(work, LOOPS, check)

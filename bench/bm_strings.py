@@ -4,9 +4,9 @@ Mostly C work: str methods (split, join, replace, format, upper), f-strings,
 and the re module (compiled patterns, finditer, sub with a string template
 and with a Python callback).
 """
-import json
 import re
-import time
+
+import harness
 
 LOOPS = 18  # repetitions of work(): about 0.3 s in all
 
@@ -51,22 +51,9 @@ def work():
     return total
 
 
-def main():
-    # CPU time of each repetition: the driver can use the fastest one.
-    chunks = []
-    for _ in range(LOOPS):
-        c0 = time.process_time()
-        result = work()
-        chunks.append(time.process_time() - c0)
-    return result, chunks
+def check(result):
+    assert result > 0, result
 
 
 if __name__ == "__main__":
-    t0 = time.perf_counter()
-    c0 = time.process_time()
-    total, chunks = main()
-    elapsed = time.perf_counter() - t0
-    cpu = time.process_time() - c0
-    assert total > 0, total
-    print(json.dumps({"seconds": elapsed, "cpu": cpu,
-                      "chunks": chunks}))
+    harness.run_in_chunks(work, LOOPS, check)
