@@ -58,6 +58,8 @@ import subprocess
 import sys
 import time
 
+import harness
+
 BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(BENCH_DIR)
 DEFAULT_RUNS = 7
@@ -70,7 +72,6 @@ CALL_HEAVY = {"fib", "methods", "closures", "kwargs", "generators",
 # Workloads that time whole child processes.
 PER_PROCESS = {"startup", "imports"}
 
-PERF_MAP = "/tmp/perf-{}.map"
 METRICS = ("cpu", "best", "wall")
 METRIC_TITLES = {"cpu": "CPU time", "wall": "Wall time",
                  "best": "CPU time at the fastest repetition"}
@@ -89,13 +90,6 @@ def child_env():
     return env
 
 
-def remove_perf_map(pid):
-    try:
-        os.unlink(PERF_MAP.format(pid))
-    except FileNotFoundError:
-        pass
-
-
 def run_python(argv, timeout):
     """Run argv; return (returncode, stdout, stderr).  Removes the perf map
     of the child whatever happened."""
@@ -110,7 +104,7 @@ def run_python(argv, timeout):
         out, err = proc.communicate()
         err += "\n(killed after %d s)" % timeout
     finally:
-        remove_perf_map(proc.pid)
+        harness.remove_perf_map(proc.pid)
     return proc.returncode, out, err
 
 
