@@ -16,10 +16,10 @@ fail the run; anything else in the same file still does.
 import argparse
 import os
 import re
-import signal
 import subprocess
 import sys
-import xml.etree.ElementTree as ET
+
+import tooling
 
 # "3 tests failed:", "All 400 tests OK.", "1 test altered the execution
 # environment:", "12 tests skipped:", ... followed by indented names.
@@ -84,48 +84,22 @@ def parse_summary(path):
 
 
 def parse_junit(path):
-    """Return {test id: "ok" | "failed" | "skipped"} from a JUnit file."""
-    cases = {}
-    if not os.path.exists(path):
-        return cases
-    try:
-        tree = ET.parse(path)
-    except ET.ParseError:
-        return cases
-    for case in tree.iter("testcase"):
-        # regrtest puts the whole test id in "name", without "classname".
-        name = case.get("name", "?")
-        if case.get("classname"):
-            name = "%s.%s" % (case.get("classname"), name)
-        kinds = {child.tag for child in case}
-        if kinds & {"failure", "error"}:
-            cases[name] = "failed"
-        elif "skipped" in kinds:
-            cases[name] = "skipped"
-        else:
-            cases[name] = "ok"
-    return cases
+    """Return {test id: "ok" | "failed" | "skipped"} from a JUnit file
+    ({} when a pass left none)."""
+    return dict(tooling.junit_cases(path) or [])
 
 
 def rerun(args, test, perf, number):
     # Like the passes (tools/regrtest-perf.sh): no PYTHON* variables.
-    env = {name: value for name, value in os.environ.items()
-           if not name.startswith("PYTHON")}
-    if perf:
-        env["PYTHONPERFSUPPORT"] = "1"
+    env = tooling.clean_environment({"PYTHONPERFSUPPORT": "1"} if perf
+                                    else None)
     log = os.path.join(args.out, "rerun-%s-%s-%d.log"
                        % (test, "perf" if perf else "plain", number))
     cmd = [args.python, "-m", "test", "-v", "--timeout", str(args.timeout),
            "--tempdir", os.path.join(args.out, "scratch"), test]
-    # SIGINT and SIGQUIT back to their default action in the child (see
-    # tools/regrtest-perf.sh): tests of KeyboardInterrupt need them.
-    def default_signals():
-        for number in (signal.SIGINT, signal.SIGQUIT):
-            signal.signal(number, signal.SIG_DFL)
     with open(log, "w") as f:
         proc = subprocess.run(cmd, cwd=args.tree, env=env, stdout=f,
-                              stderr=subprocess.STDOUT,
-                              preexec_fn=default_signals)
+                              stderr=subprocess.STDOUT)
     return proc.returncode == 0, log
 
 
@@ -145,6 +119,9 @@ def main():
     parser.add_argument("--out", required=True)
     parser.add_argument("--timeout", default="1200")
     args = parser.parse_args()
+    # The reruns test KeyboardInterrupt too: they inherit SIGINT's and
+    # SIGQUIT's actions from here, even when this runs in the background.
+    tooling.restore_signals()
     args.python = os.path.abspath(args.python)
     args.tree = os.path.abspath(args.tree)
 

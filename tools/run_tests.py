@@ -15,16 +15,14 @@ so it cannot go unnoticed.
 """
 
 import concurrent.futures
-import glob
 import json
 import os
-import signal
 import subprocess
 import sys
 import sysconfig
 import tempfile
-import time
-import xml.etree.ElementTree as ET
+
+import tooling
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TREE = os.environ.get("TREE", os.path.join(ROOT, "build", "cpython"))
@@ -60,30 +58,10 @@ REGRTESTS_UNDER_PERF = [
 ]
 
 
-def count_junit(path):
-    passed = failed = skipped = 0
-    for case in ET.parse(path).iter("testcase"):
-        kinds = {child.tag for child in case}
-        if kinds & {"failure", "error"} or case.get("status") is None:
-            # regrtest names a case only when it reports an outcome; one
-            # whose subtests failed reports none.
-            failed += 1
-        elif "skipped" in kinds:
-            skipped += 1
-        else:
-            passed += 1
-    return passed, failed, skipped
-
-
-def clean_environment(quiet=False):
-    """os.environ without PYTHON* variables: CPython's tests expect the
-    interpreter's defaults (e.g. test_cmd_line fails under
-    PYTHONUNBUFFERED), and a PYTHONPERFSUPPORT from outside would change
-    what our tests see."""
-    dropped = sorted(k for k in os.environ if k.startswith("PYTHON"))
-    if dropped and not quiet:
-        print("run-tests: running without", " ".join(dropped), flush=True)
-    return {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
+def count_outcomes(cases):
+    outcomes = [outcome for _, outcome in cases]
+    return (outcomes.count("ok"), outcomes.count("failed"),
+            outcomes.count("skipped"))
 
 
 def known_differences():
@@ -100,36 +78,19 @@ def run_regrtests(tests, extra_args, env_extra=None):
         cmd = [sys.executable, "-m", "test", "-j", str(os.cpu_count() or 2),
                "--timeout", "1200", "--junit-xml", xml, *extra_args, *tests]
         print("run-tests:", " ".join(cmd), flush=True)
-        env = clean_environment()
-        env.update(env_extra or {})
-        proc = subprocess.run(cmd, cwd=TREE, env=env)
-        counts = count_junit(xml) if os.path.exists(xml) else (0, 0, 0)
-    passed, failed, skipped = counts
+        proc = subprocess.run(cmd, cwd=TREE,
+                              env=tooling.clean_environment(env_extra))
+        cases = tooling.junit_cases(xml)
+    passed, failed, skipped = count_outcomes(cases or [])
     if proc.returncode != 0 and failed == 0:
         print(f"run-tests: regrtest exited {proc.returncode} without a "
               "failing case: counting one failure", flush=True)
         failed = 1
+    elif cases is None:
+        print("run-tests: regrtest wrote no complete JUnit file: counting "
+              "one failure", flush=True)
+        failed = 1
     return passed, failed, skipped
-
-
-def profiler_files():
-    return set(glob.glob("/tmp/perf-*.map") + glob.glob("/tmp/jit-*.dump")
-               + glob.glob("/tmp/jitted-*.so"))
-
-
-def remove_new_profiler_files(before, since):
-    """Remove the profiler files that processes of this run left in /tmp
-    (perf reads them at report time, so nothing else removes them)."""
-    removed = 0
-    for path in profiler_files() - before:
-        try:
-            st = os.stat(path)
-            if st.st_uid == os.geteuid() and st.st_mtime >= since:
-                os.unlink(path)
-                removed += 1
-        except OSError:
-            pass
-    print(f"run-tests: removed {removed} profiler files left in /tmp")
 
 
 def feature_disabled_on_purpose():
@@ -147,7 +108,7 @@ def run_unit_module(module, log_dir):
             [sys.executable, os.path.join(ROOT, "tools", "unit_counts.py"),
              out, module],
             stdout=f, stderr=subprocess.STDOUT, cwd=log_dir,
-            env=clean_environment(quiet=True))
+            env=tooling.clean_environment())
     try:
         with open(out, encoding="utf-8") as f:
             outcomes = json.load(f)
@@ -199,17 +160,17 @@ def run_unit_tests(modules, log_dir):
     return totals
 
 
-def restore_signals():
-    """A shell started in the background (a CI runner, cmd &) hands its
-    children SIGINT and SIGQUIT ignored, an ignored disposition survives
-    exec, and a Python started that way never raises KeyboardInterrupt:
-    every test about it would fail.  Give the tests the usual defaults."""
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    signal.signal(signal.SIGQUIT, signal.SIG_DFL)
-
-
 def main():
-    restore_signals()
+    # The tests about KeyboardInterrupt need SIGINT's usual action even
+    # when this runs in the background.
+    tooling.restore_signals()
+    # Every test process runs without the caller's PYTHON* variables:
+    # CPython's tests expect the interpreter's defaults (test_cmd_line
+    # fails under PYTHONUNBUFFERED), and a PYTHONPERFSUPPORT from outside
+    # would change what our tests see.
+    dropped = tooling.python_variables()
+    if dropped:
+        print("run-tests: running without", " ".join(dropped), flush=True)
     tests = [t for t in REGRTESTS
              if os.path.exists(os.path.join(TREE, "Lib", "test", t))
              or os.path.exists(os.path.join(TREE, "Lib", "test", t + ".py"))]
@@ -220,7 +181,7 @@ def main():
         ignored += ["-i", test_id.rsplit(".", 1)[-1]]
     print("run-tests: CPython's tests again with PYTHONPERFSUPPORT=1",
           flush=True)
-    before, since = profiler_files(), time.time() - 1
+    before = tooling.profiler_files()
     log_dir = os.path.join(ROOT, "build", "test-logs")
     print("run-tests: our tests and the tooling tests (logs in "
           f"{log_dir})", flush=True)
@@ -230,7 +191,8 @@ def main():
                    run_regrtests(under_perf, [*ignored, *sys.argv[1:]],
                                  {"PYTHONPERFSUPPORT": "1"})):
         totals = [a + b for a, b in zip(totals, counts)]
-    remove_new_profiler_files(before, since)
+    removed = tooling.remove_new_profiler_files(before)
+    print(f"run-tests: removed {removed} profiler files left in /tmp")
     passed, failed, skipped = totals
     print(f"{passed} passed, {failed} failed, {skipped} skipped")
     return 1 if failed else 0
