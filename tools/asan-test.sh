@@ -15,11 +15,12 @@
 # - UBSAN_OPTIONS=halt_on_error=1: the first undefined behaviour report
 #   fails the test that caused it.
 # Child interpreters started by the tests inherit both settings.
-# - SIGINT and SIGQUIT get their default action back before the runner
-#   starts (a background job inherits them ignored; see
+# - The runner starts through `tools/tooling.py clean-exec`: without the
+#   caller's PYTHON* variables, and with SIGINT and SIGQUIT at their usual
+#   actions (a background job inherits them ignored; see
 #   tools/regrtest-perf.sh).  The log is build/asan-test.log.
 set -euo pipefail
-ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+. "$(dirname "$0")/lib.sh"
 ASAN_TREE=${ASAN_TREE:-$ROOT/build/cpython-asan}
 # ASAN_TESTS: space-separated test names (default: our package).
 read -r -a TESTS <<<"${ASAN_TESTS:-test_perf_profiler}"
@@ -32,16 +33,12 @@ export UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1:print_summary=1
 TREE=$ASAN_TREE "$ROOT/tools/assemble.sh"
 "$ROOT/tools/build.sh" "$ASAN_TREE" --with-address-sanitizer \
     --with-undefined-behavior-sanitizer
-unset PYTHONPERFSUPPORT PYTHON_PERF_JIT_SUPPORT
 echo "asan: $ASAN_TREE/python -m test -v ${TESTS[*]} (ASAN_OPTIONS=$ASAN_OPTIONS)"
 cd "$ASAN_TREE"
 log=$ROOT/build/asan-test.log
 set +e
-./python -c 'import os, signal, sys
-for number in (signal.SIGINT, signal.SIGQUIT):
-    signal.signal(number, signal.SIG_DFL)
-os.execv(sys.argv[1], sys.argv[1:])' ./python -m test -v --timeout 3600 \
-    "${TESTS[@]}" 2>&1 | tee "$log"
+tooling ./python clean-exec ./python -m test -v --timeout 3600 "${TESTS[@]}" \
+    2>&1 | tee "$log"
 status=${PIPESTATUS[0]}
 set -e
 # A sanitizer report in a child process shows up in its stderr, which a

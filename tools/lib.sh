@@ -11,6 +11,15 @@ GENERATED=(configure pyconfig.h.in)
 # package by tools/install-deps.sh jit; the system's perf is not replaced.
 PRIVATE_PERF=$ROOT/build/perf/usr/bin/perf
 
+# tooling PYTHON COMMAND [ARG...]: a command of tools/tooling.py, the helpers
+# the Python tools share, run by PYTHON (any Python 3.8+).  -E: the caller's
+# PYTHON* variables must not reach the helper itself.
+tooling() {
+    local python=$1
+    shift
+    "$python" -E "$ROOT/tools/tooling.py" "$@"
+}
+
 # Both succeed when a directory is missing: callers run under set -e and
 # pipefail, where a failing `[ -d ... ]` would cut the list short.
 overlay_files() {

@@ -38,9 +38,10 @@
 # Signals: a shell started in the background (cmd &, nohup, CI runners)
 # hands its children SIGINT and SIGQUIT ignored, and a Python that starts
 # with SIGINT ignored never raises KeyboardInterrupt, so every test about
-# KeyboardInterrupt or SIGINT fails in both passes.  Bash cannot undo an
-# ignored-at-entry signal, so each pass starts through a tiny Python
-# wrapper that restores their default action, then execs the runner.
+# KeyboardInterrupt or SIGINT would fail in both passes.  Bash cannot undo
+# an ignored-at-entry signal, so each pass starts through
+# `tools/tooling.py clean-exec`, which restores their usual actions (and
+# drops the PYTHON* variables), then execs the runner.
 #
 # Same build for both passes: the tree is first copied to build/regrtest/tree
 # (cp -a, ~400 MB), so a rebuild of build/cpython during the hour this takes
@@ -52,12 +53,11 @@
 # plain.xml, perf.xml (JUnit), rerun-*.log, summary.txt.  The perf maps that
 # the run's processes leave in /tmp (one per process, thousands) are removed
 # at the end: the files that did not exist before the run and whose process
-# is gone.
+# is gone (tools/tooling.py remove-profiler-files).
 # No "set -e": the passes are expected to exit non-zero (tests that fail
 # without perf too); every step's status is checked where it matters.
 set -uo pipefail
-ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-TREE=${TREE:-$ROOT/build/cpython}
+. "$(dirname "$0")/lib.sh"
 PYTHON=$TREE/python
 OUT=${REGRTEST_OUT:-$ROOT/build/regrtest}
 JOBS=${JOBS:-2}
@@ -72,7 +72,7 @@ if [ "${REGRTEST_SNAPSHOT:-1}" != 0 ]; then
     TREE=$OUT/tree
     PYTHON=$TREE/python
 fi
-echo "regrtest-perf: interpreter $PYTHON ($("$PYTHON" -c 'import sys; print(sys.version.split()[0], sys.version.split("(")[1].split(",")[0])'))"
+echo "regrtest-perf: interpreter $PYTHON ($("$PYTHON" -E -c 'import sys; print(sys.version.split()[0], sys.version.split("(")[1].split(",")[0])'))"
 
 # --tempdir: regrtest's scratch directory would otherwise be under the
 # build directory the interpreter was configured in (the main tree).
@@ -82,43 +82,28 @@ if [ -n "${REGRTEST_RESOURCES:-}" ]; then
     ARGS+=(-u "$REGRTEST_RESOURCES")
 fi
 
-list_maps() {
-    find /tmp -maxdepth 1 -name 'perf-*.map' -printf '%f\n' 2>/dev/null | LC_ALL=C sort
+SNAPSHOT=$(mktemp)
+tooling "$PYTHON" profiler-snapshot "$SNAPSHOT"
+
+cleanup() {
+    local n
+    if n=$(tooling "$PYTHON" remove-profiler-files "$SNAPSHOT"); then
+        echo "regrtest-perf: removed $n profiler file(s) left in /tmp by this run"
+    fi
+    rm -f "$SNAPSHOT"
 }
+trap cleanup EXIT
 
-MAPS_BEFORE=$(mktemp)
-list_maps >"$MAPS_BEFORE"
-
-cleanup_maps() {
-    local name pid n=0
-    while read -r name; do
-        pid=${name#perf-}
-        pid=${pid%.map}
-        # A process still running (another user of /tmp) keeps its map.
-        if [ -n "$pid" ] && ! kill -0 "$pid" 2>/dev/null; then
-            rm -f "/tmp/$name" && n=$((n + 1))
-        fi
-    done < <(list_maps | LC_ALL=C comm -13 "$MAPS_BEFORE" -)
-    rm -f "$MAPS_BEFORE"
-    echo "regrtest-perf: removed $n perf map(s) left in /tmp by this run"
-}
-trap cleanup_maps EXIT
-
-# Restore SIGINT and SIGQUIT to their default action, then exec argv[1:].
-DEFAULT_SIGNALS='import os, signal, sys
-for number in (signal.SIGINT, signal.SIGQUIT):
-    signal.signal(number, signal.SIG_DFL)
-os.execv(sys.argv[1], sys.argv[1:])'
-
-# run_pass NAME ENV...: one regrtest pass; its wall time goes to NAME.time.
+# run_pass NAME [NAME=VALUE...]: one regrtest pass with these variables;
+# its wall time goes to NAME.time.
 run_pass() {
     local name=$1
     shift
     local start end
     start=$(date +%s)
     echo "regrtest-perf: pass '$name' started $(date -u +%H:%M:%SZ); log: $OUT/$name.log"
-    (cd "$TREE" && env "${UNSET_PYTHON_VARS[@]}" "$@" \
-        "$PYTHON" -c "$DEFAULT_SIGNALS" "$PYTHON" -m test "${ARGS[@]}" \
+    (cd "$TREE" && tooling "$PYTHON" clean-exec "$@" \
+        "$PYTHON" -m test "${ARGS[@]}" \
         --junit-xml "$OUT/$name.xml" "${TEST_ARGS[@]}") >"$OUT/$name.log" 2>&1
     local rc=$?
     end=$(date +%s)
@@ -127,16 +112,12 @@ run_pass() {
 }
 
 TEST_ARGS=("$@")
-UNSET_PYTHON_VARS=()
-for var in $(compgen -e); do
-    case $var in PYTHON*) UNSET_PYTHON_VARS+=(-u "$var") ;; esac
-done
 rm -f "$OUT"/plain.* "$OUT"/perf.* "$OUT"/rerun-*.log "$OUT"/summary.txt
 run_pass plain
 run_pass perf PYTHONPERFSUPPORT=1
 
 # Compare, then rerun each perf-only failure on its own to confirm it.
-env -u PYTHONPERFSUPPORT "$PYTHON" "$ROOT/tools/regrtest_compare.py" \
+"$PYTHON" -E "$ROOT/tools/regrtest_compare.py" \
     --python "$PYTHON" --tree "$TREE" --out "$OUT" --timeout "$TIMEOUT" \
     | tee "$OUT/summary.txt"
 exit "${PIPESTATUS[0]}"

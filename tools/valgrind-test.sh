@@ -25,10 +25,10 @@
 # trampolines, activate/deactivate cycles, threads, map names that need
 # escaping and cutting, and a map write for each new code object.  No
 # fork: memcheck follows children poorly and the fork path has its own
-# tests.
+# tests.  It runs without the caller's PYTHON* variables and removes its
+# own perf map when it ends.
 set -euo pipefail
-ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-TREE=${TREE:-$ROOT/build/cpython}
+. "$(dirname "$0")/lib.sh"
 PYTHON=$TREE/python
 OUT=${VALGRIND_OUT:-$ROOT/build/valgrind}
 
@@ -39,10 +39,10 @@ mkdir -p "$OUT"
 cache=$(mktemp -d)
 trap 'rm -rf "$cache"' EXIT
 log=$OUT/memcheck.log
-unset PYTHONPERFSUPPORT PYTHON_PERF_JIT_SUPPORT
 echo "valgrind: memcheck on $PYTHON -X perf tools/valgrind_workload.py (log: $log; about a minute)"
 set +e
-PYTHONMALLOC=malloc valgrind --tool=memcheck --error-exitcode=99 \
+tooling "$PYTHON" clean-exec PYTHONMALLOC=malloc \
+    valgrind --tool=memcheck --error-exitcode=99 \
     --leak-check=no --track-origins=yes --num-callers=30 \
     --suppressions="$TREE/Misc/valgrind-python.supp" \
     --log-file="$log" \
@@ -51,8 +51,6 @@ PYTHONMALLOC=malloc valgrind --tool=memcheck --error-exitcode=99 \
 status=$?
 set -e
 cat "$OUT/stdout"
-pid=$(sed -n 's/^==\([0-9]*\)== Memcheck.*/\1/p' "$log" | head -1)
-[ -n "$pid" ] && rm -f "/tmp/perf-$pid.map"
 grep "ERROR SUMMARY" "$log" | tail -1
 if [ "$status" -ne 0 ] || ! grep -q "ERROR SUMMARY: 0 errors" "$log" ||
    [ -s "$OUT/stderr" ] || ! grep -qx "workload done" "$OUT/stdout"; then

@@ -1,13 +1,17 @@
 """A short workload for tools/valgrind-test.sh, run with -X perf.
 
 Prints one line per phase, then "workload done"; every result is checked
-here, so a wrong answer fails the run as surely as a memcheck error.
+here, so a wrong answer fails the run as surely as a memcheck error.  It
+removes its perf map when it ends: perf reads maps at report time, so the
+interpreter leaves them in /tmp.
 """
 
 import os
 import sys
 import threading
 import types
+
+PERF_MAP = f"/tmp/perf-{os.getpid()}.map"
 
 
 def fib(n):
@@ -106,7 +110,7 @@ def main():
         t.join()
     check("threads", results, [5 * 144] * 4)
 
-    with open(f"/tmp/perf-{os.getpid()}.map", "rb") as f:
+    with open(PERF_MAP, "rb") as f:
         lines = f.read().split(b"\n")
     check("map", lines[-1] == b"" and all(
         line.count(b" ") >= 2 and line.split(b" ", 2)[2].startswith(b"py::")
@@ -115,4 +119,10 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    finally:
+        try:
+            os.unlink(PERF_MAP)
+        except FileNotFoundError:
+            pass
