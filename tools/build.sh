@@ -22,7 +22,9 @@ if make -C "$dir" -q -s python >/dev/null 2>&1 && [ -x "$dir/python" ]; then
 fi
 echo "build: compiling $dir with $nproc jobs (about 2 minutes from scratch)" >&2
 make -C "$dir" -s -j"$nproc" >"$dir/build.log" 2>&1 || {
-    grep -E 'error|Error' "$dir/build.log" | head -30 >&2
+    # grep -m, not | head: under pipefail an early-exiting reader fails
+    # the pipeline, and so would grep finding nothing.
+    grep -m 30 -E 'error|Error' "$dir/build.log" >&2 || true
     echo "build: make failed; full log in $dir/build.log" >&2
     exit 1
 }
