@@ -7,7 +7,8 @@
 #   tools/bench-stock.sh [DIR]      (default: build/cpython-stock)
 #
 # Prints nothing but progress on stderr; skips all work when DIR/python is
-# already built from this tarball with these flags.
+# already built from this tarball with these flags.  Configuring and
+# compiling is tools/build.sh's job, as for our own trees.
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 DIR=${1:-$ROOT/build/cpython-stock}
@@ -31,20 +32,8 @@ rm -rf "$DIR"
 mkdir -p "$DIR"
 tar -xzf "$tarball" -C "$DIR" --strip-components=1
 
-say "configuring (CFLAGS=\"$FLAGS\")"
-(cd "$DIR" && ./configure -q CFLAGS="$FLAGS" >configure.out 2>&1) || {
-    tail -30 "$DIR/configure.out" >&2
-    say "configure failed; full log in $DIR/config.log"
-    exit 1
-}
-
-say "compiling with $NPROC jobs (about 2-3 minutes on 2 cores)"
 start=$SECONDS
-make -C "$DIR" -s -j"$NPROC" >"$DIR/build.log" 2>&1 || {
-    grep -E 'error|Error' "$DIR/build.log" | head -30 >&2
-    say "make failed; full log in $DIR/build.log"
-    exit 1
-}
+BUILD_JOBS=$NPROC "$ROOT/tools/build.sh" "$DIR" CFLAGS="$FLAGS"
 "$DIR/python" -c pass || { say "$DIR/python does not start"; exit 1; }
 echo "$want" >"$STAMP"
 say "stock $("$DIR/python" -c 'import sys; print(sys.version.split()[0])') built in $((SECONDS - start)) s at $DIR/python"

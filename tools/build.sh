@@ -1,11 +1,20 @@
 #!/bin/bash
 # Configure (when the tree or the arguments changed) and build a CPython
 # tree in place: tools/build.sh DIR [CONFIGURE ARGS...]
+# (e.g. --without-frame-pointers, or CFLAGS="..." as one argument).
+# BUILD_JOBS: parallel make jobs (default: the number of CPUs).
 set -euo pipefail
+. "$(dirname "$0")/lib.sh"
 dir=$1; shift
 args="$*"
-stamp=$dir/.git/configure-args
-nproc=$(nproc 2>/dev/null || echo 2)
+# The arguments of the last configure: inside .git in an assembled tree
+# (export would take a file beside the sources for a new one), beside the
+# sources in a plain unpacked tree (tools/bench-stock.sh).
+stamp=$dir/.configure-args
+if [ -d "$dir/.git" ]; then
+    stamp=$dir/.git/configure-args
+fi
+nproc=${BUILD_JOBS:-$(nproc 2>/dev/null || echo 2)}
 
 if [ ! -f "$dir/Makefile" ] || [ "$(cat "$stamp" 2>/dev/null)" != "$args" ]; then
     echo "build: configuring $dir ${args:+($args)}" >&2
