@@ -30,7 +30,7 @@ fi
 echo
 echo "== Hottest functions, including time spent in their callees =="
 echo "   (py:: entries are Python functions; the others are C)"
-awk '/^ +[0-9.]+%/ && !/_start|__libc|Py_BytesMain|pymain_|_PyRun_|run_mod|PyEval_EvalCode/ {
+awk '/^ +[0-9.]+%/ && !/_start|__libc|Py_BytesMain|pymain_|_PyRun_|run_mod|PyEval_EvalCode| 0x[0-9a-f]+$/ {
         sub(/\[\.\] /, ""); print; if (++n == 25) exit }' "$OUT/report.txt"
 
 echo

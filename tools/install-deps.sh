@@ -69,8 +69,16 @@ install_missing() {
     fi
     say "installing ${missing[*]}"
     export DEBIAN_FRONTEND=noninteractive
-    apt-get update -qq >&2
-    apt-get install -y -qq --no-install-recommends --no-upgrade "${missing[@]}" >&2
+    local log
+    log=$(mktemp)
+    if ! { apt-get update -qq && apt-get install -y -qq --no-install-recommends \
+            --no-upgrade "${missing[@]}"; } >"$log" 2>&1; then
+        cat "$log" >&2
+        rm -f "$log"
+        say "error: apt-get could not install ${missing[*]} (output above)"
+        return 1
+    fi
+    rm -f "$log"
 }
 
 # Download linux-perf from <codename>-backports into $1 (a .deb).

@@ -120,6 +120,10 @@ cp /etc/resolv.conf "$CHROOT/etc/resolv.conf"
 # An apt proxy this machine needs, the root needs too.
 apt-config dump | grep -i '::proxy' >"$CHROOT/etc/apt/apt.conf.d/90proxy" || true
 
+# The root is a mount point, as / is on a real system (unshare's private
+# propagation, which the tests use, needs one).
+mount --bind "$CHROOT" "$CHROOT"
+mount --make-private "$CHROOT"
 mount -t proc proc "$CHROOT/proc"
 for m in sys dev; do
     mount --rbind "/$m" "$CHROOT/$m"
