@@ -1,8 +1,8 @@
 /*
  * The perf trampoline template (see Python/perf_trampoline.c).
  *
- * perf_trampoline.c copies the bytes between _Py_trampoline_func_start and
- * _Py_trampoline_func_end once per Python code object, so that each Python
+ * perf_trampoline.c copies the bytes between _PyPerf_TemplateStart and
+ * _PyPerf_TemplateEnd once per Python code object, so that each Python
  * function gets a native address range of its own that perf can name.  The
  * template must therefore be position independent: it may not refer to
  * anything outside itself, which is why the evaluator arrives as an argument
@@ -18,9 +18,9 @@
  * compiled with frame pointers and without tail calls: the template sets up
  * a frame record of its own, so a frame-pointer unwinder walking out of
  * _PyEval_EvalFrameDefault finds the trampoline's return address (and so
- * its name) before it reaches the caller.  The unwind description that
- * Python/perf_jit_trampoline.c emits for the perf_jit backend follows these
- * instructions one by one; change both together.
+ * its name) before it reaches the caller.  The unwind description in
+ * Python/perf_unwind.c (for perf_jit and gdb) follows these instructions
+ * one by one; change both together.
  */
 
 #if defined(__x86_64__)
@@ -32,19 +32,19 @@
 #endif
 
     .text
-    .globl  _Py_trampoline_func_start
-    .type   _Py_trampoline_func_start, @function
+    .globl  _PyPerf_TemplateStart
+    .type   _PyPerf_TemplateStart, @function
     .p2align 4
-_Py_trampoline_func_start:
+_PyPerf_TemplateStart:
     LANDING_PAD                 /* indirect call target under IBT */
     push    %rbp                /* frame record: saved %rbp ...        */
     mov     %rsp, %rbp          /* ... below the return address        */
     call    *%rcx               /* eval(tstate, frame, throwflag)      */
     pop     %rbp
     ret
-    .globl  _Py_trampoline_func_end
-_Py_trampoline_func_end:
-    .size   _Py_trampoline_func_start, . - _Py_trampoline_func_start
+    .globl  _PyPerf_TemplateEnd
+_PyPerf_TemplateEnd:
+    .size   _PyPerf_TemplateStart, . - _PyPerf_TemplateStart
 
 #if defined(__CET__)
     /* Without this note, linking this object would strip IBT/SHSTK from
@@ -81,10 +81,10 @@ _Py_trampoline_func_end:
 #endif
 
     .text
-    .globl  _Py_trampoline_func_start
-    .type   _Py_trampoline_func_start, %function
+    .globl  _PyPerf_TemplateStart
+    .type   _PyPerf_TemplateStart, %function
     .p2align 4
-_Py_trampoline_func_start:
+_PyPerf_TemplateStart:
     BTI_C                       /* indirect call target under BTI */
     SIGN_LR                     /* sign x30 with sp as modifier */
     stp     x29, x30, [sp, #-16]!   /* frame record: fp, lr */
@@ -93,9 +93,9 @@ _Py_trampoline_func_start:
     ldp     x29, x30, [sp], #16
     AUTH_LR
     ret
-    .globl  _Py_trampoline_func_end
-_Py_trampoline_func_end:
-    .size   _Py_trampoline_func_start, . - _Py_trampoline_func_start
+    .globl  _PyPerf_TemplateEnd
+_PyPerf_TemplateEnd:
+    .size   _PyPerf_TemplateStart, . - _PyPerf_TemplateStart
 
 #if FEATURE_BTI || FEATURE_PAC
     .section .note.gnu.property, "a"

@@ -30,16 +30,17 @@
  * library; when it attaches to a running process, it walks the whole list.
  * Without a debugger the cost is building the image and one empty call.
  *
- * One image per arena.  An arena is filled with template copies at every
- * slot before it is made executable, and every copy runs the same
- * instructions.  So the image made when the arena is created describes
- * every trampoline the arena will ever hand out: one FDE per slot, all
- * with the template's CFA program (made by Python/perf_jit_trampoline.c
- * from the template's instructions, the one the jitdump uses), and one
- * function symbol per slot.  Nothing happens per trampoline, and nothing
- * is ever unregistered: arenas are never unmapped.
+ * One image per page of slots.  An arena is filled with template copies at
+ * every slot before it is made executable, and every copy runs the same
+ * instructions.  So one image can describe many trampolines before they
+ * are handed out: one FDE per slot, all with the template's CFA program
+ * (Python/perf_unwind.c, the one the jitdump uses), and one function
+ * symbol per slot.  The core registers a page of slots at a time, as its
+ * slots come into use, so the cost follows use.  Nothing is ever
+ * unregistered: arenas are never unmapped.
  *
- * The image, a relocatable ELF64 file for the host machine:
+ * The image, a relocatable ELF64 file for the host machine, for `count`
+ * slots from address a:
  *
  *     offset 0   +-----------------------------------------+
  *                | ELF header (ET_REL, no program headers) |
@@ -60,10 +61,10 @@
  *                |   .symtab, .strtab, .shstrtab           |
  *                +-----------------------------------------+
  *
- *     a: the arena's address, s: the slot size, code: the template size.
+ *     s: the slot size, code: the template size.
  *
  * .text has no bytes in the image (SHT_NOBITS): its address and size are
- * the arena's, so gdb places the image's symbols and FDEs there and reads
+ * the slots', so gdb places the image's symbols and FDEs there and reads
  * the instructions from the process.  gdb takes the sections' addresses as
  * absolute, and (ET_REL) a symbol's value is its offset in .text.  The FDE
  * pointers are absolute 8-byte addresses (DW_EH_PE_absptr): no pointer
@@ -71,11 +72,9 @@
  * is data for the debugger, not part of the process image.
  *
  * Memory.  Per slot, one FDE (4 length + 4 CIE pointer + 8 + 8 address
- * range + 1 augmentation size + the CFA program, padded to 8: 40 bytes on
- * x86_64, 48 on aarch64) and one symbol (24 bytes); per arena, about 600
- * bytes more (headers, CIE, string tables, the list entry).  A 64 KiB arena
- * of 16-byte slots (x86_64) has 4096 slots: 4096 * 64 + 568 = 262,712
- * bytes of image, made once with the arena and kept as long.
+ * range + 1 augmentation size + the CFA program, padded to 8) and one
+ * symbol (24 bytes); per image, a few hundred bytes of headers, CIE,
+ * string tables and the list entry.
  *
  * The symbols.  gdb looks both names up in every object file: they have to
  * be these, with default visibility (in .dynsym, so a stripped python still
@@ -102,9 +101,9 @@
  */
 
 #include "Python.h"
-#include "pycore_ceval.h"         // _PyPerf_GdbRegisterCode()
+#include "pycore_perf.h"          // _PyPerf_GdbRegisterCode()
 
-#if defined(PY_HAVE_PERF_TRAMPOLINE) && defined(PY_HAVE_PERF_JIT_TRAMPOLINE)
+#ifdef PY_HAVE_PERF_TRAMPOLINE
 
 #include <elf.h>                  // Elf64_Ehdr, Elf64_Shdr, Elf64_Sym
 #include <errno.h>
@@ -115,24 +114,11 @@
  * Constants
  */
 
-#if defined(__x86_64__)
-#  define HOST_MACHINE EM_X86_64
-#elif defined(__aarch64__) && defined(__AARCH64EL__) && !defined(__ILP32__)
-#  define HOST_MACHINE EM_AARCH64
-#else
-#  error "perf_gdb_jit: no ELF machine for this architecture"
-#endif
-
 /* gdb's JIT interface, version 1 (GDB manual, "JIT Compilation
    Interface") */
 #define JIT_DESCRIPTOR_VERSION  1
 #define JIT_NOACTION            0
 #define JIT_REGISTER_FN         1
-
-/* .eh_frame (LSB, "Exception Frames") */
-#define DW_CFA_nop              0x00
-#define DW_EH_PE_absptr         0x00    /* a pointer-sized address */
-#define CIE_VERSION             1
 
 /* Every trampoline's name in gdb */
 #define SYMBOL_NAME             "py_trampoline"
@@ -222,191 +208,67 @@ typedef enum {
 static struct {
     gdb_jit_status status;
     _PyPerf_TemplateCFI cfi;
-} gdb_jit;
-
-/* ----------------------------------------------------------------------
- * Emission
- *
- * The image's size is computed first and the buffer allocated to fit, so
- * the helpers write without checks; asserts guard the arithmetic.
- */
-
-typedef struct {
-    uint8_t *start;
-    size_t pos;
-    size_t size;
-} imgbuf;
-
-static void
-emit_bytes(imgbuf *b, const void *bytes, size_t size)
-{
-    assert(b->pos + size <= b->size);
-    memcpy(b->start + b->pos, bytes, size);
-    b->pos += size;
-}
-
-static void
-emit_u8(imgbuf *b, uint8_t v)
-{
-    emit_bytes(b, &v, 1);
-}
-
-/* Host byte order, which the ELF header declares (both hosts are
-   little-endian). */
-static void
-emit_u32(imgbuf *b, uint32_t v)
-{
-    emit_bytes(b, &v, sizeof(v));
-}
-
-static void
-emit_u64(imgbuf *b, uint64_t v)
-{
-    emit_bytes(b, &v, sizeof(v));
-}
-
-static void
-emit_uleb128(imgbuf *b, uint64_t v)
-{
-    do {
-        uint8_t byte = v & 0x7f;
-        v >>= 7;
-        emit_u8(b, v != 0 ? (byte | 0x80) : byte);
-    } while (v != 0);
-}
-
-static void
-emit_sleb128(imgbuf *b, int64_t v)
-{
-    for (;;) {
-        uint8_t byte = v & 0x7f;
-        v >>= 7;    /* arithmetic shift: keeps the sign */
-        int done = (v == 0 && !(byte & 0x40)) || (v == -1 && (byte & 0x40));
-        emit_u8(b, done ? byte : (byte | 0x80));
-        if (done) {
-            return;
-        }
-    }
-}
-
-static void
-emit_padding(imgbuf *b, size_t align, uint8_t fill)
-{
-    while (b->pos % align != 0) {
-        emit_u8(b, fill);
-    }
-}
-
-/* A CIE or an FDE is a length-prefixed block: begin_block() reserves the
-   4-byte length, end_block() pads the block with DW_CFA_nop to a multiple
-   of 8 bytes (the length field included) and stores its length, which
-   does not count the length field itself. */
-static size_t
-begin_block(imgbuf *b)
-{
-    size_t at = b->pos;
-    emit_u32(b, 0);
-    return at;
-}
-
-static void
-end_block(imgbuf *b, size_t at)
-{
-    while ((b->pos - at) % 8 != 0) {
-        emit_u8(b, DW_CFA_nop);
-    }
-    uint32_t length = (uint32_t)(b->pos - at - 4);
-    memcpy(b->start + at, &length, sizeof(length));
-}
+} gdb_state;
 
 /* ----------------------------------------------------------------------
  * The image
+ *
+ * Its size is computed first and the buffer allocated to fit; asserts
+ * check the arithmetic.
  */
 
-static size_t
-uleb128_size(uint64_t v)
+static void
+emit_padding(_PyPerf_Dwarf *b, size_t align)
 {
-    size_t n = 1;
-    while (v >>= 7) {
-        n++;
+    while (b->pos % align != 0) {
+        _PyPerf_EmitU8(b, 0);
     }
-    return n;
 }
 
-static size_t
-sleb128_size(int64_t v)
-{
-    size_t n = 1;
-    while (!((v >> 6) == 0 || (v >> 6) == -1)) {
-        v >>= 7;
-        n++;
-    }
-    return n;
-}
-
-/* Bytes of the CIE and of one FDE, padding included. */
+/* Bytes of the CIE and of one FDE, padding included: measured by
+   emitting them into an empty buffer. */
 static size_t
 cie_size(const _PyPerf_TemplateCFI *cfi)
 {
-    size_t n = 4 + 4 + 1 + 3            /* length, id, version, "zR\0" */
-               + uleb128_size(cfi->code_align)
-               + sleb128_size(cfi->data_align)
-               + 1 + 1 + 1              /* ra column, aug. size, encoding */
-               + cfi->initial_size;
-    return _Py_SIZE_ROUND_UP(n, 8);
+    _PyPerf_Dwarf b = {.start = NULL, .size = 0};
+    _PyPerf_EmitCIE(&b, cfi, _PyPerf_DW_EH_PE_absptr);
+    return b.pos;
 }
 
 static size_t
 fde_size(const _PyPerf_TemplateCFI *cfi)
 {
-    /* length, CIE pointer, pc_begin, pc_range, augmentation size */
-    return _Py_SIZE_ROUND_UP(4 + 4 + 8 + 8 + 1 + cfi->program_size, 8);
+    _PyPerf_Dwarf b = {.start = NULL, .size = 0};
+    _PyPerf_EmitFDE(&b, 0, cfi, _PyPerf_DW_EH_PE_absptr, 0);
+    return b.pos;
 }
 
 /* .eh_frame: the CIE, one FDE per slot, a zero terminator. */
 static void
-emit_eh_frame(imgbuf *b, const _PyPerf_TemplateCFI *cfi, uintptr_t code,
-              size_t count, size_t slot_size)
+emit_eh_frame(_PyPerf_Dwarf *b, const _PyPerf_TemplateCFI *cfi,
+              uintptr_t code, size_t count, size_t slot_size)
 {
-    size_t cie = begin_block(b);
-    emit_u32(b, 0);                         /* CIE id: 0 in .eh_frame */
-    emit_u8(b, CIE_VERSION);
-    emit_bytes(b, "zR", 3);                 /* augmentation, NUL included:
-                                               'z' data size, 'R' FDE
-                                               pointer encoding */
-    emit_uleb128(b, cfi->code_align);       /* code alignment factor */
-    emit_sleb128(b, cfi->data_align);       /* data alignment factor */
-    emit_u8(b, (uint8_t)cfi->ra_column);    /* return address column
-                                               (a byte in version 1) */
-    emit_uleb128(b, 1);                     /* augmentation data size */
-    emit_u8(b, DW_EH_PE_absptr);            /* 'R': FDE addresses are
-                                               absolute, 8 bytes */
-    emit_bytes(b, cfi->initial, cfi->initial_size);   /* rules at entry */
-    end_block(b, cie);
+    /* FDE addresses are absolute, 8 bytes: nothing depends on where the
+       image itself lies. */
+    size_t cie = _PyPerf_EmitCIE(b, cfi, _PyPerf_DW_EH_PE_absptr);
     assert(b->pos - cie == cie_size(cfi));
-
     for (size_t i = 0; i < count; i++) {
-        size_t fde = begin_block(b);
-        /* CIE pointer: from this field back to the CIE */
-        emit_u32(b, (uint32_t)(b->pos - cie));
-        emit_u64(b, (uint64_t)(code + i * slot_size));  /* pc_begin */
-        emit_u64(b, (uint64_t)cfi->code_size);          /* pc_range */
-        emit_uleb128(b, 0);                 /* augmentation data size */
-        emit_bytes(b, cfi->program, cfi->program_size);
-        end_block(b, fde);
+        size_t fde = _PyPerf_EmitFDE(b, cie, cfi, _PyPerf_DW_EH_PE_absptr,
+                                     (int64_t)(code + i * slot_size));
+        (void)fde;
         assert(b->pos - fde == fde_size(cfi));
     }
-    emit_u32(b, 0);                         /* terminator: a zero length */
+    _PyPerf_EmitU32(b, 0);                  /* terminator: a zero length */
 }
 
 /* .symtab: the null symbol, then one function per slot. */
 static void
-emit_symtab(imgbuf *b, const _PyPerf_TemplateCFI *cfi, size_t count,
+emit_symtab(_PyPerf_Dwarf *b, const _PyPerf_TemplateCFI *cfi, size_t count,
             size_t slot_size)
 {
     Elf64_Sym sym;
     memset(&sym, 0, sizeof(sym));
-    emit_bytes(b, &sym, sizeof(sym));
+    _PyPerf_EmitBytes(b, &sym, sizeof(sym));
     sym.st_name = SYMBOL_NAME_OFFSET;
     /* Local, as static functions are: many may share the name. */
     sym.st_info = ELF64_ST_INFO(STB_LOCAL, STT_FUNC);
@@ -415,7 +277,7 @@ emit_symtab(imgbuf *b, const _PyPerf_TemplateCFI *cfi, size_t count,
     sym.st_size = cfi->code_size;
     for (size_t i = 0; i < count; i++) {
         sym.st_value = i * slot_size;       /* ET_REL: offset in .text */
-        emit_bytes(b, &sym, sizeof(sym));
+        _PyPerf_EmitBytes(b, &sym, sizeof(sym));
     }
 }
 
@@ -469,7 +331,8 @@ build_image(const _PyPerf_TemplateCFI *cfi, uintptr_t code, size_t size,
     entry->symfile_addr = block + entry_size;
     entry->symfile_size = image_size;
 
-    imgbuf b = {.start = (uint8_t *)block + entry_size, .size = image_size};
+    _PyPerf_Dwarf b = {.start = (uint8_t *)block + entry_size,
+                     .size = image_size};
 
     Elf64_Ehdr eh;
     memset(&eh, 0, sizeof(eh));
@@ -480,22 +343,22 @@ build_image(const _PyPerf_TemplateCFI *cfi, uintptr_t code, size_t size,
     eh.e_ident[EI_OSABI] = ELFOSABI_NONE;
     eh.e_type = ET_REL;             /* gdb takes section addresses as
                                        given, and needs no segments */
-    eh.e_machine = HOST_MACHINE;
+    eh.e_machine = _PyPerf_EM_HOST;
     eh.e_version = EV_CURRENT;
     eh.e_shoff = headers_at;
     eh.e_ehsize = sizeof(Elf64_Ehdr);
     eh.e_shentsize = sizeof(Elf64_Shdr);
     eh.e_shnum = SEC_COUNT;
     eh.e_shstrndx = SEC_SHSTRTAB;
-    emit_bytes(&b, &eh, sizeof(eh));
+    _PyPerf_EmitBytes(&b, &eh, sizeof(eh));
 
     emit_eh_frame(&b, cfi, code, count, slot_size);
     assert(b.pos == eh_frame_at + eh_frame_size);
-    emit_padding(&b, 8, 0);
+    emit_padding(&b, 8);
     emit_symtab(&b, cfi, count, slot_size);
-    emit_bytes(&b, strtab, sizeof(strtab));
-    emit_bytes(&b, shstrtab, sizeof(shstrtab));
-    emit_padding(&b, 8, 0);
+    _PyPerf_EmitBytes(&b, strtab, sizeof(strtab));
+    _PyPerf_EmitBytes(&b, shstrtab, sizeof(shstrtab));
+    emit_padding(&b, 8);
     assert(b.pos == headers_at);
 
     Elf64_Shdr sh[SEC_COUNT];
@@ -515,7 +378,7 @@ build_image(const _PyPerf_TemplateCFI *cfi, uintptr_t code, size_t size,
                              sizeof(strtab), 1);
     sh[SEC_SHSTRTAB] = section(SEC_SHSTRTAB, SHT_STRTAB, 0, 0, shstrtab_at,
                                sizeof(shstrtab), 1);
-    emit_bytes(&b, sh, sizeof(sh));
+    _PyPerf_EmitBytes(&b, sh, sizeof(sh));
     assert(b.pos == image_size);
     return entry;
 }
@@ -527,17 +390,23 @@ build_image(const _PyPerf_TemplateCFI *cfi, uintptr_t code, size_t size,
 void
 _PyPerf_GdbRegisterCode(const void *code, size_t size, size_t slot_size)
 {
-    if (gdb_jit.status == GDB_JIT_NO_INIT) {
+    if (gdb_state.status == GDB_JIT_NO_INIT) {
+        /* No warning on failure: these tables are a silent extra (the
+           perf_jit backend reports a template it cannot describe). */
         int saved = errno;
-        gdb_jit.status = _PyPerf_DescribeTemplate(&gdb_jit.cfi) < 0
-                         ? GDB_JIT_FAILED : GDB_JIT_OK;
+        int res = _PyPerf_DescribeCode(
+            _PyPerf_EM_HOST, (const uint8_t *)_PyPerf_TemplateStart,
+            _PyPerf_TemplateEnd - _PyPerf_TemplateStart, &gdb_state.cfi, 0);
+        gdb_state.status = res < 0 ? GDB_JIT_FAILED : GDB_JIT_OK;
         errno = saved;
     }
-    if (gdb_jit.status != GDB_JIT_OK || slot_size < gdb_jit.cfi.code_size) {
+    if (gdb_state.status != GDB_JIT_OK
+        || slot_size < gdb_state.cfi.code_size)
+    {
         return;
     }
     size_t count = size / slot_size;
-    struct jit_code_entry *entry = build_image(&gdb_jit.cfi,
+    struct jit_code_entry *entry = build_image(&gdb_state.cfi,
                                                (uintptr_t)code, size,
                                                slot_size, count);
     if (entry == NULL) {

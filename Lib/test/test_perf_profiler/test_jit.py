@@ -21,7 +21,6 @@ or sys.executable.  perf inject --jit needs perf >= 6.8 (the environment
 variable PERF may name the perf binary; default: "perf" on PATH).
 """
 
-import ctypes
 import errno
 import glob
 import os
@@ -39,6 +38,7 @@ import unittest
 from typing import NamedTuple
 
 from test import support
+from test.support import import_helper
 from test.test_perf_profiler.util import (
     PerfTestCase, clean_env, jitdump_path, map_path, map_written_since,
     parse_perf_script, skip_environment, write_script)
@@ -46,6 +46,8 @@ from test.test_perf_profiler.util import (
 if not sysconfig.get_config_var("PY_HAVE_PERF_JIT_TRAMPOLINE"):
     raise unittest.SkipTest("this Python was built without the perf_jit "
                             "backend (PY_HAVE_PERF_JIT_TRAMPOLINE is not set)")
+
+_testinternalcapi = import_helper.import_module("_testinternalcapi")
 
 NOFP_PYTHON = os.environ.get("PERF_NOFP_PYTHON") or sys.executable
 PERF = os.environ.get("PERF") or "perf"
@@ -359,33 +361,16 @@ class FrameModel:
 
 
 def unwind_info_from_c(machine, code):
-    """Call _PyPerfJit_BuildUnwindInfo in this process.
+    """The unwind tables Python/perf_unwind.c makes for `code` (a template
+    for ELF machine `machine`), through _testinternalcapi.
 
     Returns (data, eh_frame_hdr_size) or raises OSError with its errno."""
-    api = ctypes.PyDLL(None, use_errno=True)
-    build = api._PyPerfJit_BuildUnwindInfo
-    build.restype = ctypes.c_ssize_t
-    build.argtypes = [ctypes.c_uint, ctypes.c_char_p, ctypes.c_size_t,
-                      ctypes.c_char_p, ctypes.c_size_t,
-                      ctypes.POINTER(ctypes.c_size_t)]
-    buf = ctypes.create_string_buffer(1024)
-    hdr_size = ctypes.c_size_t()
-    ctypes.set_errno(0)
-    n = build(machine, code, len(code), buf, len(buf), ctypes.byref(hdr_size))
-    if n < 0:
-        err = ctypes.get_errno()
-        raise OSError(err, os.strerror(err))
-    return buf.raw[:n], hdr_size.value
+    return _testinternalcapi.perf_unwind_tables(machine, code)
 
 
 def running_template():
     """The bytes of this interpreter's trampoline template."""
-    api = ctypes.PyDLL(None)
-    start = ctypes.addressof(ctypes.c_char.in_dll(
-        api, "_Py_trampoline_func_start"))
-    end = ctypes.addressof(ctypes.c_char.in_dll(
-        api, "_Py_trampoline_func_end"))
-    return ctypes.string_at(start, end - start)
+    return _testinternalcapi.perf_template()
 
 
 class UnwindCheck:
@@ -445,7 +430,7 @@ class UnwindCheck:
 
 @unittest.skipIf(HOST_MACHINE is None, "not an x86_64 or aarch64 host")
 class UnwindDescriptionTests(UnwindCheck, unittest.TestCase):
-    """_PyPerfJit_BuildUnwindInfo() on real template bytes."""
+    """_testinternalcapi.perf_unwind_tables() on real template bytes."""
 
     def assemble(self, machine, *flags):
         """Assemble Python/asm_trampoline.S for `machine`: (the template's
@@ -477,11 +462,11 @@ class UnwindDescriptionTests(UnwindCheck, unittest.TestCase):
         found = {}
         for line in readelf_output.splitlines():
             words = line.split()
-            if len(words) == 8 and words[7].startswith("_Py_trampoline"):
+            if len(words) == 8 and words[7].startswith("_PyPerf_Template"):
                 found[words[7]] = (int(words[1], 16), int(words[2]), words[3])
-        self.assertEqual(found["_Py_trampoline_func_start"],
+        self.assertEqual(found["_PyPerf_TemplateStart"],
                          (0, text_size, "FUNC"))
-        self.assertEqual(found["_Py_trampoline_func_end"][0], text_size)
+        self.assertEqual(found["_PyPerf_TemplateEnd"][0], text_size)
 
     def check_variant(self, machine, flags, expected_size, first_insns,
                       note):
@@ -590,13 +575,8 @@ class JitdumpTests(UnwindCheck, JitTestCase):
         source = script("""\
             print(os.getpid())
             top(10, 2)
-            import ctypes
-            api = ctypes.PyDLL(None)
-            start = ctypes.addressof(ctypes.c_char.in_dll(
-                api, "_Py_trampoline_func_start"))
-            end = ctypes.addressof(ctypes.c_char.in_dll(
-                api, "_Py_trampoline_func_end"))
-            print(ctypes.string_at(start, end - start).hex())
+            import _testinternalcapi
+            print(_testinternalcapi.perf_template().hex())
 
             def in_thread():
                 print(threading.get_native_id())

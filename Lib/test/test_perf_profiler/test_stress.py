@@ -467,6 +467,75 @@ class RecursionTests(StressTestCase):
         import resource
         self.check_with_stack_rlimit(resource.RLIM_INFINITY)
 
+    # Python code running on a C stack of its own: a fiber made with
+    # makecontext(), as C and C++ hosts with coroutines do, 256 KiB,
+    # mapped before any worker thread starts (so above their stacks).
+    # Stock 3.11 recurses there without using that stack; so must we.
+    FIBERS = """
+        import ctypes, mmap, sys, threading
+
+        libc = ctypes.CDLL(None)
+        STACK_SIZE = 256 * 1024
+        stack = mmap.mmap(-1, STACK_SIZE)
+        stack_address = ctypes.addressof(ctypes.c_char.from_buffer(stack))
+        sys.setrecursionlimit(10_000)
+
+        def down(n):
+            return 0 if n == 0 else down(n - 1) + 1
+
+        results = []
+
+        @ctypes.CFUNCTYPE(None)
+        def on_fiber():
+            results.append(down(3000))
+
+        def run_fiber(where):
+            # ucontext_t: uc_link at 8, uc_stack.ss_sp at 16, .ss_size
+            # at 32, on x86_64 and aarch64 alike.
+            caller = ctypes.create_string_buffer(4096)
+            fiber = ctypes.create_string_buffer(4096)
+            if libc.getcontext(fiber) != 0:
+                raise OSError(ctypes.get_errno(), "getcontext")
+            ctypes.c_void_p.from_buffer(fiber, 8).value = (
+                ctypes.addressof(caller))
+            ctypes.c_void_p.from_buffer(fiber, 16).value = stack_address
+            ctypes.c_size_t.from_buffer(fiber, 32).value = STACK_SIZE
+            libc.makecontext(fiber, on_fiber, 0)
+            if libc.swapcontext(caller, fiber) != 0:
+                raise OSError(ctypes.get_errno(), "swapcontext")
+            print(where, results.pop(), flush=True)
+
+        @ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p)
+        def c_thread(arg):
+            # A thread Python did not start: recursion on its own stack,
+            # then on the fiber.
+            print("C thread", down(3000), flush=True)
+            run_fiber("C thread's fiber")
+            return None
+
+        run_fiber("main thread's fiber")
+        worker = threading.Thread(target=run_fiber,
+                                  args=("worker thread's fiber",))
+        worker.start()
+        worker.join()
+        tid = ctypes.c_ulong()
+        if libc.pthread_create(ctypes.byref(tid), None, c_thread, None):
+            raise OSError("pthread_create")
+        libc.pthread_join(tid, None)
+        """
+
+    @unittest.skipUnless(sys.platform == "linux", "glibc's makecontext")
+    @support.requires_subprocess()
+    def test_python_on_foreign_stacks(self):
+        try:
+            import ctypes  # noqa: F401
+        except ImportError:
+            self.skipTest("needs ctypes")
+        result = self.run_both(self.FIBERS)
+        self.assertEqual(result.stdout.splitlines(), [
+            "main thread's fiber 3000", "worker thread's fiber 3000",
+            "C thread 3000", "C thread's fiber 3000"])
+
 
 # ----------------------------------------------------------------------
 # Threads
@@ -1400,6 +1469,47 @@ class MapFaultTests(StressTestCase):
                     self.files.add_pid(child)
                     if os.path.exists(map_path(child)):
                         self.map_lines(child)
+
+    DAEMON = """
+        import os
+
+        def before():
+            return 1
+
+        before()
+        # A daemon's start: close every descriptor, then reopen the
+        # standard ones on a file of its own, expecting 0, 1 and 2.
+        out = os.path.abspath("out.txt")
+        os.closerange(0, 65536)
+
+        def after():                # a new trampoline: the map reopens
+            return 2
+
+        after()
+        fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        numbers = [fd, os.dup2(fd, 1), os.dup2(fd, 2)]
+
+        def later():
+            return 3
+
+        later()
+        os.write(1, f"{numbers}\\n".encode())
+        """
+
+    def test_daemon_gets_the_standard_descriptors(self):
+        # The map, reopened after the program closed everything, never
+        # takes 0, 1 or 2: the program's own file does, as on stock 3.11,
+        # and its output stays out of the map.
+        outputs = []
+        for args in ((), PERF):
+            result = self.run_script(self.DAEMON, python_args=args)
+            with open(os.path.join(self.tmpdir, "out.txt")) as f:
+                outputs.append(f.read())
+        self.assertEqual(outputs, ["[0, 1, 2]\n"] * 2)
+        names = [line.split(b" ", 2)[2].decode()
+                 for line in self.map_lines(result.pid)]
+        for name in ("before", "after", "later"):
+            self.assertIn(f"py::{name}:{self.tmpdir}/script.py", names)
 
     @unittest.skipUnless(hasattr(signal, "SIGXFSZ"), "needs RLIMIT_FSIZE")
     def test_write_cut_short(self):

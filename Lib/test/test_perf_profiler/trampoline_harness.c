@@ -14,8 +14,8 @@
 #include <string.h>
 #include <sys/mman.h>
 
-extern char _Py_trampoline_func_start[];
-extern char _Py_trampoline_func_end[];
+extern char _PyPerf_TemplateStart[];
+extern char _PyPerf_TemplateEnd[];
 
 typedef void *(*eval_func)(void *tstate, void *frame, int throwflag);
 typedef void *(*trampoline_func)(void *tstate, void *frame, int throwflag,
@@ -56,7 +56,7 @@ fake_eval(void *tstate, void *frame, int throwflag)
 int
 main(int argc, char **argv)
 {
-    size_t size = _Py_trampoline_func_end - _Py_trampoline_func_start;
+    size_t size = _PyPerf_TemplateEnd - _PyPerf_TemplateStart;
     size_t map_size = 4096;
     int prot = PROT_READ | PROT_EXEC;
 #if defined(__aarch64__) && defined(__ARM_FEATURE_BTI_DEFAULT) && defined(PROT_BTI)
@@ -72,7 +72,7 @@ main(int argc, char **argv)
        it lands. */
     copy_start = mem + 64;
     copy_end = copy_start + size;
-    memcpy(copy_start, _Py_trampoline_func_start, size);
+    memcpy(copy_start, _PyPerf_TemplateStart, size);
     if (mprotect(mem, map_size, prot) < 0) {
         perror("mprotect");
         return 1;

@@ -1,0 +1,317 @@
+#ifndef Py_INTERNAL_PERF_H
+#define Py_INTERNAL_PERF_H
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#ifndef Py_BUILD_CORE
+#  error "this header requires Py_BUILD_CORE define"
+#endif
+
+/* Perf trampolines: Python functions in native profilers.
+ *
+ * The files, in the order data flows through them:
+ *
+ *   Python/initconfig.c          -X perf, -X perf_jit and their variables
+ *   Python/perf_trampoline.c     the core: activation, arenas and slots,
+ *                                names, the eval hook, the CALL fast
+ *                                path's stack budget
+ *   Python/perf_map.c            backend: /tmp/perf-<pid>.map
+ *   Python/perf_jit_trampoline.c backend: /tmp/jit-<pid>.dump (jitdump)
+ *   Python/perf_gdb_jit.c        gdb's JIT interface
+ *   Python/perf_unwind.c         the template's unwind description and
+ *                                the DWARF it is written in
+ *   Python/perf_files.c          profiler files in /tmp, safely
+ *   Python/asm_trampoline.S      the template every trampoline copies
+ *
+ * The backends and the gdb registration depend on the core's interface
+ * below and on the two helper files, never on each other.
+ */
+
+#include "pycore_code.h"          // _PyCodeObjectExtra
+#include "pycore_interp.h"        // PyInterpreterState.eval_frame
+
+
+/* ---- The template (Python/asm_trampoline.S) ---------------------------- */
+
+/* A trampoline: calls eval(tstate, frame, throwflag) from a native frame of
+   its own. */
+typedef PyObject *(*_PyPerf_Trampoline)(
+    PyThreadState *tstate, struct _PyInterpreterFrame *frame, int throwflag,
+    _PyFrameEvalFunction eval);
+
+extern char _PyPerf_TemplateStart[];
+extern char _PyPerf_TemplateEnd[];
+
+/* ELF machine numbers of the hosts the template exists for. */
+#define _PyPerf_EM_X86_64 62
+#define _PyPerf_EM_AARCH64 183
+
+#ifdef PY_HAVE_PERF_TRAMPOLINE
+#  if defined(__x86_64__)
+#    define _PyPerf_EM_HOST _PyPerf_EM_X86_64
+#  elif defined(__aarch64__) && defined(__AARCH64EL__) && !defined(__ILP32__)
+#    define _PyPerf_EM_HOST _PyPerf_EM_AARCH64
+#  else
+#    error "perf trampolines: no template for this architecture"
+#  endif
+#endif
+
+
+/* ---- The core (Python/perf_trampoline.c) ------------------------------- */
+
+#ifdef PY_HAVE_PERF_JIT_TRAMPOLINE
+#  define _PyPerf_BACKEND_NAMES "'perf', 'perf_jit'"
+#else
+#  define _PyPerf_BACKEND_NAMES "'perf'"
+#endif
+
+extern int _PyPerf_Activate(PyThreadState *tstate, const char *backend);
+extern int _PyPerf_Deactivate(PyThreadState *tstate);
+extern int _PyPerf_IsActive(PyThreadState *tstate);
+extern PyStatus _PyPerf_InitFromConfig(PyThreadState *tstate);
+extern void _PyPerf_StartupDone(void);
+extern void _PyPerf_FiniInterp(PyInterpreterState *interp);
+extern void _PyPerf_AfterForkChild(void);
+
+/* The backend -X perf, -X perf_jit and their environment variables ask for
+   ("perf", "perf_jit"), or NULL.  A value that is not understood never
+   stops startup: *warning is then set to a message saying how it was
+   taken.  (Python/initconfig.c) */
+extern const char *_PyPerf_ConfigBackend(const PyConfig *config,
+                                         const char **warning);
+
+#ifdef PY_HAVE_PERF_TRAMPOLINE
+
+/* An output that describes trampolines to profilers.  Functions return 0,
+   or -1 with errno set; `path` receives the file's name for messages. */
+typedef struct {
+    const char *name;
+    /* Open this process's output (idempotent).  at_startup: during
+       interpreter startup, when writes may be gathered until
+       startup_done. */
+    int (*init)(char *path, size_t path_size, int at_startup);
+    /* Describe a new trampoline of code_size bytes at code. */
+    int (*write_entry)(const void *code, size_t code_size,
+                       const char *name, size_t name_size);
+    /* In a forked child: start the child's own output, covering every
+       trampoline described before the fork.  No-op if never initialized. */
+    int (*after_fork_child)(char *path, size_t path_size);
+    /* Optional: startup is over, write what was gathered. */
+    int (*startup_done)(void);
+    /* Optional: bytes of address space, from its start, that a trampoline
+       of code_size bytes must own (valid after init); default: its code. */
+    size_t (*span)(size_t code_size);
+} _PyPerf_Backend;
+
+extern const _PyPerf_Backend _PyPerf_MapBackend;
+#ifdef PY_HAVE_PERF_JIT_TRAMPOLINE
+extern const _PyPerf_Backend _PyPerf_JitBackend;
+#endif
+
+/* Longest entry name _PyPerf_FormatName() produces. */
+#define _PyPerf_MAX_NAME 3200
+extern size_t _PyPerf_FormatName(PyCodeObject *co, char *buf);
+
+typedef enum {
+    _PyPerf_ARENAS_UNTRIED,
+    _PyPerf_ARENAS_OK,
+    _PyPerf_ARENAS_REFUSED,     /* no executable memory: decided once */
+} _PyPerf_ArenaStatus;
+
+struct _PyPerf_Interp;
+
+/* The core's state: one instance, changed only with the GIL held. */
+typedef struct {
+    /* co_extra index of the main interpreter's active backend, -1 if none:
+       read on every fast-path call. */
+    Py_ssize_t main_index;
+    _PyPerf_ArenaStatus arena_status;
+    int arena_errno;            /* why arenas were refused */
+    size_t code_size;           /* bytes of the template */
+    size_t slot_size;           /* code_size rounded up to a slot */
+    char *next;                 /* next free slot of the current arena */
+    char *described;            /* end of what gdb was told about */
+    char *limit;                /* end of the current arena */
+    size_t arena_count;
+    size_t trampoline_count;
+    int warned;                 /* a run-time failure was reported */
+    struct _PyPerf_Interp *interps;   /* interpreters that activated */
+    size_t interp_count;
+} _PyPerf_Core;
+
+extern _PyPerf_Core _PyPerf_core;
+
+/* The part of this thread's C stack that fast-path calls may use:
+   [limit, high).  Unknown (limit == high == 0) until the thread's first
+   fast-path call; a thread whose stack cannot be found never uses it. */
+typedef struct {
+    uintptr_t limit;
+    uintptr_t high;
+    int known;
+} _PyPerf_Stack;
+
+/* initial-exec TLS needs no call to reach, but a library loaded with
+   dlopen() may find no room for it: only the executable gets it. */
+#ifdef Py_ENABLE_SHARED
+#  define _PyPerf_TLS _Thread_local
+#else
+#  define _PyPerf_TLS _Thread_local __attribute__((tls_model("initial-exec")))
+#endif
+extern _PyPerf_TLS _PyPerf_Stack _PyPerf_stack;
+
+extern PyObject *_PyPerf_EvalFrame(
+    PyThreadState *tstate, struct _PyInterpreterFrame *frame, int throwflag);
+extern _PyPerf_Trampoline _PyPerf_ForCallSlow(
+    PyThreadState *tstate, PyCodeObject *co, uintptr_t sp);
+
+/* True if tstate's interpreter runs frames through perf trampolines. */
+#define _PyPerf_IS_INSTALLED(tstate) \
+    ((tstate)->interp->eval_frame == _PyPerf_EvalFrame)
+
+/* The trampoline of `co` stored at co_extra `index`, or NULL. */
+static inline _PyPerf_Trampoline
+_PyPerf_Lookup(PyCodeObject *co, Py_ssize_t index)
+{
+    _PyCodeObjectExtra *extra = (_PyCodeObjectExtra *)co->co_extra;
+    if (extra == NULL || index < 0 || index >= extra->ce_size) {
+        return NULL;
+    }
+    return (_PyPerf_Trampoline)extra->ce_extras[index];
+}
+
+/* The trampoline a Python-to-Python call of `co` goes through, or NULL to
+   inline the call as stock 3.11 does.  The common case, the main
+   interpreter calling code that has a trampoline on a stack with room,
+   takes no call. */
+static inline _PyPerf_Trampoline
+_PyPerf_ForCall(PyThreadState *tstate, PyCodeObject *co)
+{
+    uintptr_t sp = (uintptr_t)__builtin_frame_address(0);
+    if (sp >= _PyPerf_stack.limit && sp < _PyPerf_stack.high
+        && tstate->interp->id == 0)
+    {
+        _PyPerf_Trampoline t = _PyPerf_Lookup(co, _PyPerf_core.main_index);
+        if (t != NULL) {
+            return t;
+        }
+    }
+    return _PyPerf_ForCallSlow(tstate, co, sp);
+}
+
+
+/* ---- gdb's JIT interface (Python/perf_gdb_jit.c) ----------------------- */
+
+/* Describe `size` bytes at `code`, filled with template copies every
+   `slot_size` bytes, to debuggers.  Best effort: nothing is reported if it
+   cannot be done. */
+extern void _PyPerf_GdbRegisterCode(const void *code, size_t size,
+                                    size_t slot_size);
+
+
+/* ---- Profiler files in /tmp (Python/perf_files.c) ---------------------- */
+
+/* Print one line to stderr without running Python code. */
+extern void _PyPerf_Warn(const char *format, ...);
+extern int _PyPerf_WriteAll(int fd, const void *buf, size_t size);
+
+/* A profiler file of this process: the descriptor, the identity of the
+   file it was opened on, and the bytes of whole records in it. */
+typedef struct {
+    int fd;                     /* -1: not open */
+    dev_t dev;
+    ino_t ino;
+    off_t size;
+    char path[64];
+} _PyPerf_File;
+
+extern int _PyPerf_FileOpen(_PyPerf_File *file, const char *path);
+extern int _PyPerf_FileCheck(_PyPerf_File *file);
+extern int _PyPerf_FileAppend(_PyPerf_File *file, const void *buf,
+                              size_t size);
+extern int _PyPerf_FileOpenReadOnly(const _PyPerf_File *file);
+extern void _PyPerf_FileForget(_PyPerf_File *file);
+extern int _PyPerf_CopyFile(const _PyPerf_File *from, off_t size,
+                            _PyPerf_File *to);
+
+
+/* ---- Unwind description and DWARF (Python/perf_unwind.c) --------------- */
+
+/* The template's DWARF call frame information: the two CFA programs the
+   jitdump's and the gdb images' tables are built around. */
+typedef struct {
+    unsigned int elf_machine;
+    size_t code_size;           /* bytes of the template: an FDE's range */
+    unsigned int code_align;    /* CIE code alignment factor */
+    int data_align;             /* CIE data alignment factor */
+    unsigned int ra_column;     /* CIE return address column */
+    /* CIE initial instructions: the rules at the template's first byte */
+    uint8_t initial[16];
+    size_t initial_size;
+    /* FDE instructions: the rules' changes through the template */
+    uint8_t program[64];
+    size_t program_size;
+} _PyPerf_TemplateCFI;
+
+/* Describe `code`, a copy of the template for `elf_machine`.  Returns 0, or
+   -1 with errno set (ENOEXEC: the code does not match the description,
+   also reported on stderr if `warn`; EINVAL: unknown machine).  (This and
+   _PyPerf_BuildEhFrame are exported for _testinternalcapi.) */
+PyAPI_FUNC(int) _PyPerf_DescribeCode(unsigned int elf_machine,
+                                const uint8_t *code, size_t code_size,
+                                _PyPerf_TemplateCFI *cfi, int warn);
+
+/* A DWARF output buffer.  Writes past `size` are counted, not stored: a
+   buffer of size 0 measures what would be written. */
+typedef struct {
+    uint8_t *start;
+    size_t size;
+    size_t pos;
+} _PyPerf_Dwarf;
+
+#define _PyPerf_DWARF_OVERFLOWED(b) ((b)->pos > (b)->size)
+
+/* .eh_frame pointer encodings (LSB) */
+#define _PyPerf_DW_EH_PE_absptr 0x00
+#define _PyPerf_DW_EH_PE_udata4 0x03
+#define _PyPerf_DW_EH_PE_sdata4 0x0b
+#define _PyPerf_DW_EH_PE_pcrel 0x10
+#define _PyPerf_DW_EH_PE_datarel 0x30
+
+extern void _PyPerf_EmitBytes(_PyPerf_Dwarf *b, const void *bytes,
+                              size_t size);
+extern void _PyPerf_EmitU8(_PyPerf_Dwarf *b, uint8_t v);
+extern void _PyPerf_EmitU32(_PyPerf_Dwarf *b, uint32_t v);
+extern void _PyPerf_EmitU64(_PyPerf_Dwarf *b, uint64_t v);
+extern void _PyPerf_EmitULEB128(_PyPerf_Dwarf *b, uint64_t v);
+extern void _PyPerf_EmitSLEB128(_PyPerf_Dwarf *b, int64_t v);
+/* A CIE for `cfi` whose FDEs encode pc_begin as `pointer_encoding`
+   (absptr: 8 bytes; pcrel|sdata4: 4).  Returns the CIE's offset. */
+extern size_t _PyPerf_EmitCIE(_PyPerf_Dwarf *b,
+                              const _PyPerf_TemplateCFI *cfi,
+                              uint8_t pointer_encoding);
+/* An FDE for the CIE at `cie`, covering cfi->code_size bytes from
+   `pc_begin`: an absolute address, or for pcrel the distance from this
+   FDE's pc_begin field to the code.  Returns the FDE's offset. */
+extern size_t _PyPerf_EmitFDE(_PyPerf_Dwarf *b, size_t cie,
+                              const _PyPerf_TemplateCFI *cfi,
+                              uint8_t pointer_encoding, int64_t pc_begin);
+
+/* What the jitdump puts in an unwinding record for the template: .eh_frame
+   then .eh_frame_hdr, for code lying `text_gap` bytes before .eh_frame.
+   Returns the total size and stores the .eh_frame_hdr's in *hdr_size; -1
+   with errno set if `buf` is too small. */
+PyAPI_FUNC(Py_ssize_t) _PyPerf_BuildEhFrame(const _PyPerf_TemplateCFI *cfi,
+                                       size_t text_gap, uint8_t *buf,
+                                       size_t buf_size, size_t *hdr_size);
+
+#else   /* !PY_HAVE_PERF_TRAMPOLINE */
+
+#define _PyPerf_IS_INSTALLED(tstate) 0
+
+#endif  /* PY_HAVE_PERF_TRAMPOLINE */
+
+#ifdef __cplusplus
+}
+#endif
+#endif  /* !Py_INTERNAL_PERF_H */

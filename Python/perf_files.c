@@ -1,0 +1,252 @@
+/*
+ * Profiler files in /tmp, for the perf trampoline backends
+ * ========================================================
+ *
+ * perf reads /tmp/perf-<pid>.map and /tmp/jit-<pid>.dump by name, at
+ * report time.  A file under a predictable name in a shared directory,
+ * written from inside a process that may do anything with its
+ * descriptors, needs care:
+ *
+ * - It is opened without following a symlink, without blocking on a FIFO,
+ *   and kept only if it is a plain file of ours with no other link; it is
+ *   made private (0600).  A file left by a dead process that had our pid
+ *   is emptied.
+ * - Its descriptor is close-on-exec and never 0, 1 or 2: a program that
+ *   closed the standard descriptors expects its next open() to return
+ *   them, and whatever it then writes to stdout must not land in a map.
+ * - A program may close descriptors it did not open (a daemon closing them
+ *   all) and get the same number back from its next open().  Writing
+ *   through the old number would put our records into its file, so every
+ *   use checks that the descriptor still refers to our file (device and
+ *   inode), and reopens our file by name if the program closed it.
+ * - A write cut short (a full disk) is undone, so the file only ever holds
+ *   whole records: only this process writes to it.
+ *
+ * Everything here runs with the GIL held.
+ */
+
+#include "Python.h"
+#include "pycore_perf.h"
+
+#ifdef PY_HAVE_PERF_TRAMPOLINE
+
+#include <errno.h>
+#include <fcntl.h>                // open()
+#include <stdarg.h>
+#include <sys/stat.h>             // fstat()
+#include <unistd.h>               // write(), pread()
+
+/* Open flags of every profiler file: see the top of this file. */
+#define FILE_FLAGS (O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK)
+
+/* Print one line to stderr without running Python code: callers may be
+   inside the eval hook, where calling sys.stderr could re-enter it. */
+void
+_PyPerf_Warn(const char *format, ...)
+{
+    char line[512];
+    int n = PyOS_snprintf(line, sizeof(line) - 1, "Python perf trampolines: ");
+    va_list vargs;
+    va_start(vargs, format);
+    int m = PyOS_vsnprintf(line + n, sizeof(line) - 1 - n, format, vargs);
+    va_end(vargs);
+    n = (m < 0) ? n : Py_MIN(n + m, (int)sizeof(line) - 2);
+    line[n++] = '\n';
+    (void)_PyPerf_WriteAll(STDERR_FILENO, line, n);
+}
+
+int
+_PyPerf_WriteAll(int fd, const void *buf, size_t size)
+{
+    const char *p = buf;
+    while (size > 0) {
+        ssize_t n = write(fd, p, size);
+        if (n < 0) {
+            if (errno == EINTR) {
+                continue;
+            }
+            return -1;
+        }
+        if (n == 0) {
+            errno = ENOSPC;
+            return -1;
+        }
+        p += n;
+        size -= (size_t)n;
+    }
+    return 0;
+}
+
+/* open() whose result is never a standard descriptor (0, 1, 2). */
+static int
+open_above_stdio(const char *path, int flags, mode_t mode)
+{
+    int fd = open(path, flags, mode);
+    if (fd < 0 || fd > STDERR_FILENO) {
+        return fd;
+    }
+    int moved = fcntl(fd, F_DUPFD_CLOEXEC, STDERR_FILENO + 1);
+    int saved = errno;
+    close(fd);
+    errno = saved;
+    return moved;
+}
+
+int
+_PyPerf_FileOpen(_PyPerf_File *file, const char *path)
+{
+    int fd = open_above_stdio(path, O_WRONLY | O_CREAT | O_APPEND
+                                    | FILE_FLAGS, 0600);
+    if (fd < 0) {
+        return -1;
+    }
+    struct stat st;
+    if (fstat(fd, &st) < 0) {
+        goto error;
+    }
+    if (!S_ISREG(st.st_mode) || st.st_uid != geteuid()
+        || st.st_nlink != 1)
+    {
+        errno = EPERM;
+        goto error;
+    }
+    if (fchmod(fd, 0600) < 0 || ftruncate(fd, 0) < 0) {
+        goto error;
+    }
+    file->fd = fd;
+    file->dev = st.st_dev;
+    file->ino = st.st_ino;
+    file->size = 0;
+    PyOS_snprintf(file->path, sizeof(file->path), "%s", path);
+    return 0;
+
+error:;
+    int saved = errno;
+    close(fd);
+    errno = saved;
+    return -1;
+}
+
+static int
+is_our_file(int fd, const _PyPerf_File *file)
+{
+    struct stat st;
+    return (fstat(fd, &st) == 0 && st.st_dev == file->dev
+            && st.st_ino == file->ino);
+}
+
+/* Make sure file->fd refers to our file.  Returns 0, or -1 with errno set
+   (file->fd is then -1). */
+int
+_PyPerf_FileCheck(_PyPerf_File *file)
+{
+    if (file->fd >= 0 && is_our_file(file->fd, file)) {
+        return 0;
+    }
+    /* The number is no longer ours (never close it: it may be the
+       program's now).  Reopen our file by name, if it is still there. */
+    file->fd = -1;
+    if (file->path[0] == '\0') {
+        errno = EBADF;
+        return -1;
+    }
+    int fd = open_above_stdio(file->path, O_WRONLY | O_APPEND | FILE_FLAGS,
+                              0);
+    if (fd < 0) {
+        return -1;
+    }
+    if (!is_our_file(fd, file)) {
+        close(fd);
+        errno = ESTALE;
+        return -1;
+    }
+    file->fd = fd;
+    return 0;
+}
+
+int
+_PyPerf_FileAppend(_PyPerf_File *file, const void *buf, size_t size)
+{
+    if (_PyPerf_FileCheck(file) < 0) {
+        return -1;
+    }
+    if (_PyPerf_WriteAll(file->fd, buf, size) < 0) {
+        int saved = errno;
+        (void)ftruncate(file->fd, file->size);
+        errno = saved;
+        return -1;
+    }
+    file->size += (off_t)size;
+    return 0;
+}
+
+/* A read-only descriptor of our file (e.g. to map it, or to copy it in a
+   forked child), or -1 with errno set. */
+int
+_PyPerf_FileOpenReadOnly(const _PyPerf_File *file)
+{
+    char fdpath[64];
+    int fd = -1;
+    if (file->fd >= 0 && is_our_file(file->fd, file)) {
+        PyOS_snprintf(fdpath, sizeof(fdpath), "/proc/self/fd/%d", file->fd);
+        fd = open_above_stdio(fdpath, O_RDONLY | O_CLOEXEC, 0);
+    }
+    if (fd < 0 && file->path[0] != '\0') {
+        fd = open_above_stdio(file->path, O_RDONLY | FILE_FLAGS, 0);
+    }
+    if (fd < 0) {
+        return -1;
+    }
+    if (!is_our_file(fd, file)) {
+        close(fd);
+        errno = ESTALE;
+        return -1;
+    }
+    return fd;
+}
+
+/* Let go of the file (in a forked child: it is the parent's), closing the
+   descriptor only if it is still ours. */
+void
+_PyPerf_FileForget(_PyPerf_File *file)
+{
+    if (file->fd >= 0 && is_our_file(file->fd, file)) {
+        close(file->fd);
+    }
+    file->fd = -1;
+    file->size = 0;
+    file->path[0] = '\0';
+}
+
+/* Append the first `size` bytes of `from` to `to`. */
+int
+_PyPerf_CopyFile(const _PyPerf_File *from, off_t size, _PyPerf_File *to)
+{
+    int in = _PyPerf_FileOpenReadOnly(from);
+    if (in < 0) {
+        return -1;
+    }
+    char buf[16384];
+    off_t done = 0;
+    while (done < size) {
+        size_t want = (size_t)Py_MIN((off_t)sizeof(buf), size - done);
+        ssize_t n = pread(in, buf, want, done);
+        if (n < 0 && errno == EINTR) {
+            continue;
+        }
+        if (n <= 0 || _PyPerf_FileAppend(to, buf, (size_t)n) < 0) {
+            if (n == 0) {
+                errno = EIO;
+            }
+            int saved = errno;
+            close(in);
+            errno = saved;
+            return -1;
+        }
+        done += n;
+    }
+    close(in);
+    return 0;
+}
+
+#endif  /* PY_HAVE_PERF_TRAMPOLINE */

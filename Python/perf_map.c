@@ -1,0 +1,144 @@
+/*
+ * The perf map backend: /tmp/perf-<pid>.map
+ * ==========================================
+ *
+ * perf's oldest interface for code it finds no ELF file for
+ * (tools/perf/Documentation/jit-interface.txt): one line per trampoline,
+ *
+ *     START SIZE NAME\n
+ *
+ * START and SIZE in hex without "0x", NAME to the end of the line
+ * ("py::<qualname>:<filename>", made by the core).  perf reads the file
+ * when it resolves samples, long after the process is gone, so it is never
+ * removed.  Each line is written with a single write() on an O_APPEND
+ * descriptor (Python/perf_files.c), so the file only ever holds whole
+ * lines, whatever happens to the process.
+ *
+ * Everything here runs with the GIL held.
+ */
+
+#include "Python.h"
+#include "pycore_perf.h"
+
+#ifdef PY_HAVE_PERF_TRAMPOLINE
+
+#include <errno.h>
+#include <unistd.h>               // getpid()
+
+static struct {
+    _PyPerf_File file;
+    /* Lines made during interpreter startup (importlib, site: some 150
+       functions) are written together when startup ends, instead of with
+       a system call each.  After that every line is written as it is
+       made, so a process that dies leaves a complete map. */
+    int gathering;
+    size_t gathered;
+    char startup_lines[32 * 1024];
+} perfmap = {.file = {.fd = -1}};
+
+static int
+flush_startup_lines(void)
+{
+    if (perfmap.gathered == 0) {
+        return 0;
+    }
+    int res = _PyPerf_FileAppend(&perfmap.file, perfmap.startup_lines,
+                                 perfmap.gathered);
+    perfmap.gathered = 0;
+    return res;
+}
+
+/* Append `value` in lowercase hex without "0x" (what perf expects). */
+static size_t
+append_hex(char *buf, size_t pos, uintptr_t value)
+{
+    char digits[2 * sizeof(value)];
+    int n = 0;
+    do {
+        digits[n++] = "0123456789abcdef"[value & 0xf];
+        value >>= 4;
+    } while (value != 0);
+    while (n > 0) {
+        buf[pos++] = digits[--n];
+    }
+    return pos;
+}
+
+static int
+perfmap_init(char *path, size_t path_size, int at_startup)
+{
+    PyOS_snprintf(path, path_size, "/tmp/perf-%ld.map", (long)getpid());
+    perfmap.gathering = at_startup;
+    if (perfmap.file.fd >= 0 || perfmap.file.size > 0) {
+        /* Open already (or closed by the program: reopened on use). */
+        return 0;
+    }
+    return _PyPerf_FileOpen(&perfmap.file, path);
+}
+
+static int
+perfmap_write_entry(const void *code, size_t code_size,
+                    const char *name, size_t name_size)
+{
+    static char line[64 + _PyPerf_MAX_NAME];     /* under the GIL */
+    size_t n = append_hex(line, 0, (uintptr_t)code);
+    line[n++] = ' ';
+    n = append_hex(line, n, code_size);
+    line[n++] = ' ';
+    assert(n + name_size + 1 <= sizeof(line));
+    memcpy(line + n, name, name_size);
+    n += name_size;
+    line[n++] = '\n';
+    if (perfmap.gathering) {
+        if (perfmap.gathered + n > sizeof(perfmap.startup_lines)
+            && flush_startup_lines() < 0)
+        {
+            return -1;
+        }
+        memcpy(perfmap.startup_lines + perfmap.gathered, line, n);
+        perfmap.gathered += n;
+        return 0;
+    }
+    return _PyPerf_FileAppend(&perfmap.file, line, n);
+}
+
+static int
+perfmap_after_fork_child(char *path, size_t path_size)
+{
+    if (perfmap.file.path[0] == '\0') {
+        return 0;
+    }
+    /* The inherited file is the parent's: never write to it again. */
+    _PyPerf_File parent = perfmap.file;
+    perfmap.file = (_PyPerf_File){.fd = -1};
+    PyOS_snprintf(path, path_size, "/tmp/perf-%ld.map", (long)getpid());
+    int res = _PyPerf_FileOpen(&perfmap.file, path);
+    if (res == 0 && parent.size > 0) {
+        res = _PyPerf_CopyFile(&parent, parent.size, &perfmap.file);
+    }
+    if (res == 0) {
+        /* Lines the parent had not written yet: it will, to its file. */
+        res = flush_startup_lines();
+    }
+    int saved = errno;
+    _PyPerf_FileForget(&parent);
+    errno = saved;
+    return res;
+}
+
+static int
+perfmap_startup_done(void)
+{
+    perfmap.gathering = 0;
+    return flush_startup_lines();
+}
+
+const _PyPerf_Backend _PyPerf_MapBackend = {
+    .name = "perf",
+    .init = perfmap_init,
+    .write_entry = perfmap_write_entry,
+    .after_fork_child = perfmap_after_fork_child,
+    .startup_done = perfmap_startup_done,
+};
+
+#endif  /* PY_HAVE_PERF_TRAMPOLINE */
