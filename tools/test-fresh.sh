@@ -21,6 +21,9 @@
 # Needs root.  The root is build/fresh/root (FRESH_DIR), about 3 GB while
 # it runs; the logs stay in build/fresh/.
 set -euo pipefail
+# One compound command: bash reads it whole before running it, so editing
+# this file during an (hour-long) run cannot change what the run does.
+{
 . "$(dirname "$0")/lib.sh"
 
 SUITE=bookworm
@@ -161,3 +164,5 @@ if [ -z "$closing" ]; then
 fi
 echo "$closing"
 [ "$demo_status" -eq 0 ] && [ "$test_status" -eq 0 ]
+exit
+}
