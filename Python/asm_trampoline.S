@@ -23,6 +23,21 @@
  * one by one; change both together.
  */
 
+/* A GNU property note declaring the hardening features this object
+   supports.  Without it, linking this object would strip them (IBT and
+   SHSTK on x86_64, BTI and PAC on aarch64) from the whole binary. */
+#define GNU_PROPERTY_NOTE(type, features) \
+    .section .note.gnu.property, "a"; \
+    .p2align 3; \
+    .long 4;            /* name size: "GNU\0" */ \
+    .long 16;           /* descriptor size */ \
+    .long 5;            /* NT_GNU_PROPERTY_TYPE_0 */ \
+    .asciz "GNU"; \
+    .long type; \
+    .long 4;            /* property data size */ \
+    .long features; \
+    .long 0             /* pad to 8 */
+
 #if defined(__x86_64__)
 
 #if defined(__CET__) && (__CET__ & 1)
@@ -47,18 +62,8 @@ _PyPerf_TemplateEnd:
     .size   _PyPerf_TemplateStart, . - _PyPerf_TemplateStart
 
 #if defined(__CET__)
-    /* Without this note, linking this object would strip IBT/SHSTK from
-       the whole binary. */
-    .section .note.gnu.property, "a"
-    .p2align 3
-    .long   4                   /* name size: "GNU\0" */
-    .long   16                  /* descriptor size */
-    .long   5                   /* NT_GNU_PROPERTY_TYPE_0 */
-    .asciz  "GNU"
-    .long   0xc0000002          /* GNU_PROPERTY_X86_FEATURE_1_AND */
-    .long   4                   /* property data size */
-    .long   (__CET__ & 3)       /* IBT = 1, SHSTK = 2 */
-    .long   0                   /* pad to 8 */
+    /* GNU_PROPERTY_X86_FEATURE_1_AND: IBT = 1, SHSTK = 2 */
+    GNU_PROPERTY_NOTE(0xc0000002, (__CET__ & 3))
 #endif
 
 #elif defined(__aarch64__) && defined(__AARCH64EL__) && !defined(__ILP32__)
@@ -98,16 +103,8 @@ _PyPerf_TemplateEnd:
     .size   _PyPerf_TemplateStart, . - _PyPerf_TemplateStart
 
 #if FEATURE_BTI || FEATURE_PAC
-    .section .note.gnu.property, "a"
-    .p2align 3
-    .long   4                   /* name size: "GNU\0" */
-    .long   16                  /* descriptor size */
-    .long   5                   /* NT_GNU_PROPERTY_TYPE_0 */
-    .asciz  "GNU"
-    .long   0xc0000000          /* GNU_PROPERTY_AARCH64_FEATURE_1_AND */
-    .long   4                   /* property data size */
-    .long   (FEATURE_BTI | FEATURE_PAC)
-    .long   0                   /* pad to 8 */
+    /* GNU_PROPERTY_AARCH64_FEATURE_1_AND: BTI = 1, PAC = 2 */
+    GNU_PROPERTY_NOTE(0xc0000000, (FEATURE_BTI | FEATURE_PAC))
 #endif
 
 #else

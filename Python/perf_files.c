@@ -77,6 +77,14 @@ _PyPerf_WriteAll(int fd, const void *buf, size_t size)
     return 0;
 }
 
+void
+_PyPerf_CloseKeepErrno(int fd)
+{
+    int saved = errno;
+    close(fd);
+    errno = saved;
+}
+
 /* open() whose result is never a standard descriptor (0, 1, 2). */
 static int
 open_above_stdio(const char *path, int flags, mode_t mode)
@@ -86,9 +94,7 @@ open_above_stdio(const char *path, int flags, mode_t mode)
         return fd;
     }
     int moved = fcntl(fd, F_DUPFD_CLOEXEC, STDERR_FILENO + 1);
-    int saved = errno;
-    close(fd);
-    errno = saved;
+    _PyPerf_CloseKeepErrno(fd);
     return moved;
 }
 
@@ -120,10 +126,8 @@ _PyPerf_FileOpen(_PyPerf_File *file, const char *path)
     PyOS_snprintf(file->path, sizeof(file->path), "%s", path);
     return 0;
 
-error:;
-    int saved = errno;
-    close(fd);
-    errno = saved;
+error:
+    _PyPerf_CloseKeepErrno(fd);
     return -1;
 }
 
@@ -133,6 +137,20 @@ is_our_file(int fd, const _PyPerf_File *file)
     struct stat st;
     return (fstat(fd, &st) == 0 && st.st_dev == file->dev
             && st.st_ino == file->ino);
+}
+
+/* Open `path` with `flags`, keeping the descriptor only if it is our file
+   (the program may have put another file under the name). */
+static int
+open_ours(const char *path, int flags, const _PyPerf_File *file)
+{
+    int fd = open_above_stdio(path, flags, 0);
+    if (fd >= 0 && !is_our_file(fd, file)) {
+        close(fd);
+        errno = ESTALE;
+        return -1;
+    }
+    return fd;
 }
 
 /* Make sure file->fd refers to our file.  Returns 0, or -1 with errno set
@@ -150,14 +168,8 @@ _PyPerf_FileCheck(_PyPerf_File *file)
         errno = EBADF;
         return -1;
     }
-    int fd = open_above_stdio(file->path, O_WRONLY | O_APPEND | FILE_FLAGS,
-                              0);
+    int fd = open_ours(file->path, O_WRONLY | O_APPEND | FILE_FLAGS, file);
     if (fd < 0) {
-        return -1;
-    }
-    if (!is_our_file(fd, file)) {
-        close(fd);
-        errno = ESTALE;
         return -1;
     }
     file->fd = fd;
@@ -189,29 +201,32 @@ _PyPerf_FileOpenReadOnly(const _PyPerf_File *file)
     int fd = -1;
     if (file->fd >= 0 && is_our_file(file->fd, file)) {
         PyOS_snprintf(fdpath, sizeof(fdpath), "/proc/self/fd/%d", file->fd);
-        fd = open_above_stdio(fdpath, O_RDONLY | O_CLOEXEC, 0);
+        fd = open_ours(fdpath, O_RDONLY | O_CLOEXEC, file);
     }
     if (fd < 0 && file->path[0] != '\0') {
-        fd = open_above_stdio(file->path, O_RDONLY | FILE_FLAGS, 0);
-    }
-    if (fd < 0) {
-        return -1;
-    }
-    if (!is_our_file(fd, file)) {
-        close(fd);
-        errno = ESTALE;
-        return -1;
+        fd = open_ours(file->path, O_RDONLY | FILE_FLAGS, file);
     }
     return fd;
 }
 
+/* In a forked child: move the file inherited from the parent to *parent
+   and leave *file closed, so that nothing is ever written to the parent's
+   file again.  Returns 0 if the parent had no file. */
+int
+_PyPerf_FileDetach(_PyPerf_File *file, _PyPerf_File *parent)
+{
+    *parent = *file;
+    *file = (_PyPerf_File){.fd = -1};
+    return parent->path[0] != '\0';
+}
+
 /* Let go of the file (in a forked child: it is the parent's), closing the
-   descriptor only if it is still ours. */
+   descriptor only if it is still ours.  errno is kept. */
 void
 _PyPerf_FileForget(_PyPerf_File *file)
 {
     if (file->fd >= 0 && is_our_file(file->fd, file)) {
-        close(file->fd);
+        _PyPerf_CloseKeepErrno(file->fd);
     }
     file->fd = -1;
     file->size = 0;
@@ -238,9 +253,7 @@ _PyPerf_CopyFile(const _PyPerf_File *from, off_t size, _PyPerf_File *to)
             if (n == 0) {
                 errno = EIO;
             }
-            int saved = errno;
-            close(in);
-            errno = saved;
+            _PyPerf_CloseKeepErrno(in);
             return -1;
         }
         done += n;

@@ -239,10 +239,8 @@ map_marker(void)
     long page = sysconf(_SC_PAGESIZE);
     size_t size = page > 0 ? (size_t)page : 4096;
     void *mem = mmap(NULL, size, PROT_READ | PROT_EXEC, MAP_PRIVATE, rfd, 0);
-    int saved = errno;
-    close(rfd);
+    _PyPerf_CloseKeepErrno(rfd);
     if (mem == MAP_FAILED) {
-        errno = saved;
         return -1;
     }
     jitdump.marker = mem;
@@ -278,9 +276,7 @@ open_dump(char *path, size_t path_size)
     if (_PyPerf_FileAppend(&jitdump.file, &header, sizeof(header)) < 0
         || map_marker() < 0)
     {
-        int saved = errno;
         _PyPerf_FileForget(&jitdump.file);
-        errno = saved;
         return -1;
     }
     return 0;
@@ -361,10 +357,8 @@ copy_parent_records(const _PyPerf_File *parent, off_t end)
     close(in);
     return 0;
 
-error:;
-    int saved = errno;
-    close(in);
-    errno = saved;
+error:
+    _PyPerf_CloseKeepErrno(in);
     return -1;
 }
 
@@ -457,20 +451,16 @@ jit_write_entry(const void *code, size_t code_size,
 static int
 jit_after_fork_child(char *path, size_t path_size)
 {
-    if (jitdump.file.path[0] == '\0') {
+    _PyPerf_File parent;
+    if (!_PyPerf_FileDetach(&jitdump.file, &parent)) {
         return 0;
     }
-    /* The inherited descriptor and mapping are the parent's file. */
-    _PyPerf_File parent = jitdump.file;
-    jitdump.file = (_PyPerf_File){.fd = -1};
-    unmap_marker();
+    unmap_marker();             /* the parent's file, too */
     int res = open_dump(path, path_size);
     if (res == 0) {
         res = copy_parent_records(&parent, parent.size);
     }
-    int saved = errno;
     _PyPerf_FileForget(&parent);
-    errno = saved;
     return res;
 }
 
@@ -483,7 +473,6 @@ jit_span(size_t code_size)
 }
 
 const _PyPerf_Backend _PyPerf_JitBackend = {
-    .name = "perf_jit",
     .init = jit_init,
     .write_entry = jit_write_entry,
     .after_fork_child = jit_after_fork_child,

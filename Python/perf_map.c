@@ -105,12 +105,10 @@ perfmap_write_entry(const void *code, size_t code_size,
 static int
 perfmap_after_fork_child(char *path, size_t path_size)
 {
-    if (perfmap.file.path[0] == '\0') {
+    _PyPerf_File parent;
+    if (!_PyPerf_FileDetach(&perfmap.file, &parent)) {
         return 0;
     }
-    /* The inherited file is the parent's: never write to it again. */
-    _PyPerf_File parent = perfmap.file;
-    perfmap.file = (_PyPerf_File){.fd = -1};
     PyOS_snprintf(path, path_size, "/tmp/perf-%ld.map", (long)getpid());
     int res = _PyPerf_FileOpen(&perfmap.file, path);
     if (res == 0 && parent.size > 0) {
@@ -120,9 +118,7 @@ perfmap_after_fork_child(char *path, size_t path_size)
         /* Lines the parent had not written yet: it will, to its file. */
         res = flush_startup_lines();
     }
-    int saved = errno;
     _PyPerf_FileForget(&parent);
-    errno = saved;
     return res;
 }
 
@@ -134,7 +130,6 @@ perfmap_startup_done(void)
 }
 
 const _PyPerf_Backend _PyPerf_MapBackend = {
-    .name = "perf",
     .init = perfmap_init,
     .write_entry = perfmap_write_entry,
     .after_fork_child = perfmap_after_fork_child,

@@ -112,10 +112,15 @@
  * State
  */
 
-static const _PyPerf_Backend *const backends[] = {
-    &_PyPerf_MapBackend,
+/* The backends, by the names sys.activate_stack_trampoline() and the
+   configuration use. */
+static const struct {
+    const char *name;
+    const _PyPerf_Backend *backend;
+} backends[] = {
+    {"perf", &_PyPerf_MapBackend},
 #ifdef PY_HAVE_PERF_JIT_TRAMPOLINE
-    &_PyPerf_JitBackend,
+    {"perf_jit", &_PyPerf_JitBackend},
 #endif
 };
 #define BACKEND_COUNT ((int)Py_ARRAY_LENGTH(backends))
@@ -138,7 +143,7 @@ static int
 backend_number(const _PyPerf_Backend *backend)
 {
     for (int i = 0; i < BACKEND_COUNT; i++) {
-        if (backends[i] == backend) {
+        if (backends[i].backend == backend) {
             return i;
         }
     }
@@ -536,8 +541,8 @@ static const _PyPerf_Backend *
 find_backend(const char *name)
 {
     for (int i = 0; i < BACKEND_COUNT; i++) {
-        if (strcmp(backends[i]->name, name) == 0) {
-            return backends[i];
+        if (strcmp(backends[i].name, name) == 0) {
+            return backends[i].backend;
         }
     }
     return NULL;
@@ -685,43 +690,11 @@ _PyPerf_AfterForkChild(void)
     for (int i = 0; i < BACKEND_COUNT; i++) {
         char path[256];
         path[0] = '\0';
-        if (backends[i]->after_fork_child(path, sizeof(path)) < 0) {
+        if (backends[i].backend->after_fork_child(path, sizeof(path)) < 0) {
             _PyPerf_Warn("cannot start %s for the child process: %s",
                          path, strerror(errno));
         }
     }
-}
-
-/* ----------------------------------------------------------------------
- * Startup: the configuration's switches (Python/initconfig.c reads them)
- */
-
-PyStatus
-_PyPerf_InitFromConfig(PyThreadState *tstate)
-{
-    const PyConfig *config = _PyInterpreterState_GetConfig(tstate->interp);
-    const char *warning = NULL;
-    const char *backend = _PyPerf_ConfigBackend(config, &warning);
-    if (warning != NULL && _Py_IsMainInterpreter(tstate->interp)) {
-        _PyPerf_Warn("%s", warning);
-    }
-    if (backend == NULL || activate(tstate, backend, 1) == 0) {
-        return _PyStatus_OK();
-    }
-    /* Profiling support must never stop the program: one line, go on. */
-    PyObject *type, *value, *tb;
-    PyErr_Fetch(&type, &value, &tb);
-    PyObject *msg = value != NULL ? PyObject_Str(value) : NULL;
-    const char *text = msg != NULL ? PyUnicode_AsUTF8(msg) : NULL;
-    PyErr_Clear();
-    _PyPerf_Warn("cannot enable the '%s' backend at startup (%s); "
-                 "running without it", backend,
-                 text != NULL ? text : "unknown error");
-    Py_XDECREF(msg);
-    Py_XDECREF(type);
-    Py_XDECREF(value);
-    Py_XDECREF(tb);
-    return _PyStatus_OK();
 }
 
 /* The interpreter finished starting: backends write what they gathered. */
@@ -729,8 +702,8 @@ void
 _PyPerf_StartupDone(void)
 {
     for (int i = 0; i < BACKEND_COUNT; i++) {
-        if (backends[i]->startup_done != NULL
-            && backends[i]->startup_done() < 0)
+        const _PyPerf_Backend *backend = backends[i].backend;
+        if (backend->startup_done != NULL && backend->startup_done() < 0)
         {
             report_failure("cannot write the profiler's file; new functions "
                            "are missing from it");
@@ -771,22 +744,52 @@ _PyPerf_AfterForkChild(void)
 {
 }
 
-PyStatus
-_PyPerf_InitFromConfig(PyThreadState *tstate)
-{
-    const PyConfig *config = _PyInterpreterState_GetConfig(tstate->interp);
-    const char *warning = NULL;
-    const char *backend = _PyPerf_ConfigBackend(config, &warning);
-    if (backend != NULL && _Py_IsMainInterpreter(tstate->interp)) {
-        PySys_FormatStderr("Python: perf trampolines ('%s') are not "
-                           "supported by this build; ignored\n", backend);
-    }
-    return _PyStatus_OK();
-}
-
 void
 _PyPerf_StartupDone(void)
 {
 }
 
 #endif  /* PY_HAVE_PERF_TRAMPOLINE */
+
+/* ----------------------------------------------------------------------
+ * Startup: the configuration's switches (Python/initconfig.c reads them)
+ */
+
+PyStatus
+_PyPerf_InitFromConfig(PyThreadState *tstate)
+{
+    const PyConfig *config = _PyInterpreterState_GetConfig(tstate->interp);
+    int main_interp = _Py_IsMainInterpreter(tstate->interp);
+    const char *warning = NULL;
+    const char *backend = _PyPerf_ConfigBackend(config, &warning);
+    if (warning != NULL && main_interp) {
+        PySys_FormatStderr("Python perf trampolines: %s\n", warning);
+    }
+    if (backend == NULL) {
+        return _PyStatus_OK();
+    }
+#ifdef PY_HAVE_PERF_TRAMPOLINE
+    if (activate(tstate, backend, 1) == 0) {
+        return _PyStatus_OK();
+    }
+    /* Profiling support must never stop the program: one line, go on. */
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    PyObject *msg = value != NULL ? PyObject_Str(value) : NULL;
+    const char *text = msg != NULL ? PyUnicode_AsUTF8(msg) : NULL;
+    PyErr_Clear();
+    _PyPerf_Warn("cannot enable the '%s' backend at startup (%s); "
+                 "running without it", backend,
+                 text != NULL ? text : "unknown error");
+    Py_XDECREF(msg);
+    Py_XDECREF(type);
+    Py_XDECREF(value);
+    Py_XDECREF(tb);
+#else
+    if (main_interp) {
+        PySys_FormatStderr("Python perf trampolines: not supported by this "
+                           "build; '%s' ignored\n", backend);
+    }
+#endif
+    return _PyStatus_OK();
+}

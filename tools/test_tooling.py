@@ -200,6 +200,41 @@ class CountTests(unittest.TestCase):
                                    "test_f": "setUpModule: module skip"})
 
 
+class CPythonChecksTests(unittest.TestCase):
+    """CPython's own checks pass on the patched tree under test."""
+
+    tree = os.path.dirname(sys.executable)
+
+    def setUp(self):
+        if not os.path.isdir(os.path.join(self.tree, ".git")):
+            self.skipTest(f"{self.tree} is not an assembled tree")
+
+    def git(self, *args):
+        return subprocess.run(["git", "-C", self.tree, *args],
+                              capture_output=True, text=True)
+
+    def test_exported_symbols_have_python_prefixes(self):
+        proc = subprocess.run(["make", "-C", self.tree, "smelly"],
+                              capture_output=True, text=True)
+        self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
+        self.assertIn("OK: all exported symbols of all libraries",
+                      proc.stdout)
+
+    def test_argument_clinic_output_is_current(self):
+        before = self.git("status", "--porcelain").stdout
+        proc = subprocess.run(
+            [sys.executable, "Tools/clinic/clinic.py", "--make",
+             "--srcdir", "."], cwd=self.tree, capture_output=True, text=True)
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        self.assertEqual(self.git("status", "--porcelain").stdout, before)
+
+    def test_no_whitespace_errors(self):
+        # What patchcheck checks: trailing white space, space before tabs,
+        # blank lines at the end, in everything we changed or added.
+        proc = self.git("diff", "--check", "pristine")
+        self.assertEqual((proc.returncode, proc.stdout), (0, ""))
+
+
 class DemoTests(unittest.TestCase):
     """make demo: exit status 0 and the demo's Python frames."""
 

@@ -86,7 +86,6 @@ extern const char *_PyPerf_ConfigBackend(const PyConfig *config,
 /* An output that describes trampolines to profilers.  Functions return 0,
    or -1 with errno set; `path` receives the file's name for messages. */
 typedef struct {
-    const char *name;
     /* Open this process's output (idempotent).  at_startup: during
        interpreter startup, when writes may be gathered until
        startup_done. */
@@ -214,6 +213,8 @@ extern void _PyPerf_GdbRegisterCode(const void *code, size_t size,
 /* Print one line to stderr without running Python code. */
 extern void _PyPerf_Warn(const char *format, ...);
 extern int _PyPerf_WriteAll(int fd, const void *buf, size_t size);
+/* close() for error paths: errno stays what the failure set. */
+extern void _PyPerf_CloseKeepErrno(int fd);
 
 /* A profiler file of this process: the descriptor, the identity of the
    file it was opened on, and the bytes of whole records in it. */
@@ -230,6 +231,7 @@ extern int _PyPerf_FileCheck(_PyPerf_File *file);
 extern int _PyPerf_FileAppend(_PyPerf_File *file, const void *buf,
                               size_t size);
 extern int _PyPerf_FileOpenReadOnly(const _PyPerf_File *file);
+extern int _PyPerf_FileDetach(_PyPerf_File *file, _PyPerf_File *parent);
 extern void _PyPerf_FileForget(_PyPerf_File *file);
 extern int _PyPerf_CopyFile(const _PyPerf_File *from, off_t size,
                             _PyPerf_File *to);
