@@ -79,19 +79,16 @@
  * The symbols.  gdb looks both names up in every object file: they have to
  * be these, with default visibility (in .dynsym, so a stripped python still
  * has them), and survive optimization (the call to an empty function is
- * the whole protocol).  Another JIT in the process (LLVM's, say) may define
- * the same pair.  That is fine: the executable's definitions come first in
- * the dynamic linker's search order, so a shared library's references to
- * the names bind to ours, and every JIT appends to one list, which is what
- * the protocol expects (gdb reads entries, not owners).  A library that
- * binds both names to its own copies keeps its own list, and gdb (10 and
- * later) watches every object file that defines the pair.  The one mix
- * this breaks is a library linked with -Bsymbolic-functions: it calls its
- * own function but writes our descriptor, so gdb, stopped in the library's
- * function, reads the library's unused descriptor and misses the new entry
- * until it next reads our whole list (when it attaches).  The list is
- * changed with the GIL held; another JIT changing it from a thread without
- * the GIL could race with us, as with any other registrant.
+ * the whole protocol).  Other JITs (LLVM's, LuaJIT, wasmtime, V8) define
+ * the same pair, so ours are weak: a program or library that links a
+ * static libpython next to its own pair links, and its definitions win;
+ * we then append our images to its list, which is what the protocol
+ * expects (gdb reads entries, not owners).  Between shared objects the
+ * dynamic linker binds every reference to the first definition in search
+ * order, weak or not: a JIT library loaded into python appends to the
+ * same list as we do.  The list is changed with the GIL held; another JIT
+ * changing it from a thread without the GIL could race with us, as with
+ * any two registrants of one list.
  *
  * Fork.  A child inherits the arenas, the images and the list, all in its
  * own copy of the memory: nothing to do.
@@ -180,7 +177,7 @@ struct jit_descriptor {
 #  define KEEP_CALL __attribute__((noinline, used))
 #endif
 
-__attribute__((visibility("default"))) KEEP_CALL void
+__attribute__((visibility("default"), weak)) KEEP_CALL void
 __jit_debug_register_code(void);
 #undef KEEP_CALL
 
@@ -190,7 +187,7 @@ __jit_debug_register_code(void)
     __asm__ __volatile__("" ::: "memory");
 }
 
-__attribute__((visibility("default"), used))
+__attribute__((visibility("default"), weak, used))
 struct jit_descriptor __jit_debug_descriptor = {
     JIT_DESCRIPTOR_VERSION, JIT_NOACTION, NULL, NULL
 };

@@ -147,6 +147,10 @@ _Static_assert(sizeof(record_prefix) == 16, "jitdump prefix layout");
 _Static_assert(sizeof(unwinding_record) == 40, "unwinding record layout");
 _Static_assert(sizeof(code_load_record) == 56, "code load record layout");
 
+/* Largest record we write: a code load with the longest name. */
+#define MAX_RECORD_SIZE \
+    (sizeof(code_load_record) + _PyPerf_MAX_NAME + 1 + MAX_TEMPLATE_SIZE)
+
 /* ----------------------------------------------------------------------
  * State
  */
@@ -168,6 +172,10 @@ static struct {
     void *marker;               /* the file's first page, mapped PROT_EXEC */
     size_t marker_size;
     uint64_t code_index;        /* of the next code load */
+    /* Records are built here, not on the C stack: this runs on the first
+       call of a function, possibly deep in it (the GIL serializes us). */
+    char record[sizeof(unwinding_record) + MAX_UNWIND_SIZE + 8
+                + MAX_RECORD_SIZE];
 } jitdump = {.file = {.fd = -1}};
 
 static uint64_t
@@ -305,10 +313,6 @@ read_exact(int fd, void *buf, size_t size, off_t offset)
     return 0;
 }
 
-/* Largest record we write: a code load with the longest name. */
-#define MAX_RECORD_SIZE \
-    (sizeof(code_load_record) + _PyPerf_MAX_NAME + 1 + MAX_TEMPLATE_SIZE)
-
 /* In a forked child: copy the parent's records (from the parent's file,
    up to `end`) into ours.  They become the child's: its pid and tid in
    every code load, and the time of the copy, which follows the fork, so
@@ -320,7 +324,7 @@ copy_parent_records(const _PyPerf_File *parent, off_t end)
     if (in < 0) {
         return -1;
     }
-    static char record[MAX_RECORD_SIZE];
+    char *record = jitdump.record;
     uint32_t pid = (uint32_t)getpid();
     uint32_t tid = current_tid();
     uint64_t now = monotonic_ns();
@@ -331,7 +335,7 @@ copy_parent_records(const _PyPerf_File *parent, off_t end)
             goto error;
         }
         if (prefix.total_size < sizeof(prefix)
-            || prefix.total_size > sizeof(record)
+            || prefix.total_size > MAX_RECORD_SIZE
             || offset + (off_t)prefix.total_size > end)
         {
             errno = EIO;        /* not a file we wrote */
@@ -390,8 +394,7 @@ jit_write_entry(const void *code, size_t code_size,
     }
     /* Both records in one buffer and one write(): perf applies the
        unwinding record to the code load after it. */
-    static char buf[sizeof(unwinding_record) + MAX_UNWIND_SIZE + 8
-                    + MAX_RECORD_SIZE];
+    char *buf = jitdump.record;
     uint64_t now = monotonic_ns();
     size_t unwind_padded = _Py_SIZE_ROUND_UP(jitdump.unwind_size, 8);
     unwinding_record unwinding = {
@@ -440,7 +443,7 @@ jit_write_entry(const void *code, size_t code_size,
     memcpy(p, code, code_size);
     p += code_size;
     size_t size = (size_t)(p - buf);
-    assert(size <= sizeof(buf));
+    assert(size <= sizeof(jitdump.record));
     if (_PyPerf_FileAppend(&jitdump.file, buf, size) < 0) {
         return -1;
     }

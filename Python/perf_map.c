@@ -34,6 +34,8 @@ static struct {
     int gathering;
     size_t gathered;
     char startup_lines[32 * 1024];
+    /* A line is built here, not on the C stack (the GIL serializes us). */
+    char line[64 + _PyPerf_MAX_NAME];
 } perfmap = {.file = {.fd = -1}};
 
 static int
@@ -80,12 +82,12 @@ static int
 perfmap_write_entry(const void *code, size_t code_size,
                     const char *name, size_t name_size)
 {
-    static char line[64 + _PyPerf_MAX_NAME];     /* under the GIL */
+    char *line = perfmap.line;
     size_t n = append_hex(line, 0, (uintptr_t)code);
     line[n++] = ' ';
     n = append_hex(line, n, code_size);
     line[n++] = ' ';
-    assert(n + name_size + 1 <= sizeof(line));
+    assert(n + name_size + 1 <= sizeof(perfmap.line));
     memcpy(line + n, name, name_size);
     n += name_size;
     line[n++] = '\n';

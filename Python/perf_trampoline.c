@@ -413,12 +413,9 @@ assign_trampoline(PyCodeObject *co, const perf_interp *pi)
         /* The slot stays unused: harmless, and rare. */
         return NULL;
     }
-    /* Static (the GIL serializes us): this can run near the bottom of a
-       deep C stack, and names take kilobytes. */
-    static char name[_PyPerf_MAX_NAME];
-    size_t name_size = _PyPerf_FormatName(co, name);
+    size_t name_size = _PyPerf_FormatName(co, _PyPerf_core.name);
     if (pi->backend->write_entry(slot, _PyPerf_core.code_size,
-                                 name, name_size) < 0) {
+                                 _PyPerf_core.name, name_size) < 0) {
         report_failure("cannot write the profiler's file; new functions "
                        "are missing from it");
     }

@@ -137,6 +137,9 @@ typedef struct {
     int warned;                 /* a run-time failure was reported */
     struct _PyPerf_Interp *interps;   /* interpreters that activated */
     size_t interp_count;
+    /* A new trampoline's name is made here, not on the C stack: that can
+       run near the bottom of a deep one. */
+    char name[_PyPerf_MAX_NAME];
 } _PyPerf_Core;
 
 extern _PyPerf_Core _PyPerf_core;

@@ -12,6 +12,7 @@ import shutil
 import stat
 import subprocess
 import sys
+import sysconfig
 import textwrap
 import unittest
 
@@ -1751,6 +1752,115 @@ class GdbJitImageTests(PerfTestCase):
             for column, rule in row[2].items():
                 self.assertEqual(rule, rules.get(column, "u"),
                                  f"{column} at +{offset}")
+
+
+class GdbJitSymbolTests(PerfTestCase):
+    """gdb's JIT interface symbols are weak: a program that links the
+    static libpython next to its own pair (as LLVM, LuaJIT or V8 users
+    do) links, and our images go to its list."""
+
+    HOST = """\
+#include <Python.h>
+#include <stdint.h>
+
+/* This program's own gdb JIT interface, as another JIT would define it. */
+struct jit_code_entry {
+    struct jit_code_entry *next_entry;
+    struct jit_code_entry *prev_entry;
+    const char *symfile_addr;
+    uint64_t symfile_size;
+};
+struct jit_descriptor {
+    uint32_t version;
+    uint32_t action_flag;
+    struct jit_code_entry *relevant_entry;
+    struct jit_code_entry *first_entry;
+};
+
+static int registrations;
+
+void __attribute__((noinline))
+__jit_debug_register_code(void)
+{
+    registrations++;
+    __asm__ __volatile__("" ::: "memory");
+}
+
+struct jit_descriptor __jit_debug_descriptor = {1, 0, NULL, NULL};
+
+int
+main(int argc, char **argv)
+{
+    PyConfig config;
+    PyConfig_InitIsolatedConfig(&config);
+    config.module_search_paths_set = 1;
+    for (int i = 1; i < argc; i++) {
+        wchar_t *path = Py_DecodeLocale(argv[i], NULL);
+        if (path == NULL
+            || PyStatus_Exception(PyWideStringList_Append(
+                   &config.module_search_paths, path))) {
+            return 2;
+        }
+        PyMem_RawFree(path);
+    }
+    if (PyStatus_Exception(PyWideStringList_Append(&config.xoptions,
+                                                   L"perf"))) {
+        return 2;
+    }
+    PyStatus status = Py_InitializeFromConfig(&config);
+    PyConfig_Clear(&config);
+    if (PyStatus_Exception(status)) {
+        Py_ExitStatusException(status);
+    }
+    if (PyRun_SimpleString(
+            "import sys\\n"
+            "def f():\\n"
+            "    return sys.is_stack_trampoline_active()\\n"
+            "print(f())\\n") != 0) {
+        return 1;
+    }
+    int entries = 0;
+    for (struct jit_code_entry *e = __jit_debug_descriptor.first_entry;
+         e != NULL; e = e->next_entry) {
+        entries++;
+    }
+    printf("%d %d\\n", registrations > 0, entries == registrations);
+    return Py_FinalizeEx() < 0 ? 1 : 0;
+}
+"""
+
+    def test_host_with_its_own_pair(self):
+        if sysconfig.get_config_var("Py_ENABLE_SHARED"):
+            self.skipTest("a shared libpython build has no static library")
+        library = os.path.join(sysconfig.get_config_var("srcdir"),
+                               sysconfig.get_config_var("LIBRARY"))
+        if not os.path.exists(library):
+            skip_environment(f"needs the build directory's {library}")
+        cc = shutil.which(sysconfig.get_config_var("CC").split()[0])
+        if cc is None:
+            skip_environment("needs the C compiler Python was built with")
+        srcdir = sysconfig.get_config_var("srcdir")
+        source = write_script(self.tmpdir, self.HOST, "host.c")
+        host = os.path.join(self.tmpdir, "host")
+        libs = " ".join(sysconfig.get_config_var(name) or "" for name in
+                        ("LIBS", "SYSLIBS", "MODLIBS", "LINKFORSHARED"))
+        build = subprocess.run(
+            [cc, "-I", os.path.join(srcdir, "Include"), "-I", srcdir,
+             source, library, *libs.split(), "-o", host],
+            capture_output=True, text=True)
+        self.assertEqual(build.returncode, 0, build.stderr)
+        with open(os.path.join(srcdir, "pybuilddir.txt")) as f:
+            extensions = os.path.join(srcdir, f.read().strip())
+        proc = subprocess.Popen(
+            [host, os.path.join(srcdir, "Lib"), extensions],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            env=clean_env())
+        self.files.add_pid(proc.pid)
+        stdout, stderr = proc.communicate(timeout=support.SHORT_TIMEOUT)
+        self.assertEqual(proc.returncode, 0, stderr)
+        # Trampolines on; the host's own function was called and its list
+        # holds every image registered.
+        self.assertEqual((stdout, stderr), ("True\n1 1\n", ""))
 
 
 class PerfRecordTests(PerfTestCase):
