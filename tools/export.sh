@@ -70,7 +70,9 @@ for f in $wanted; do
     fi
 done
 for f in $current; do
-    if ! printf '%s\n' "$wanted" | grep -qxF "$f"; then
+    # A here-string, not a pipe: under pipefail, grep -q stopping at its
+    # match could kill the writer and make a wanted file look unwanted.
+    if ! grep -qxF "$f" <<<"$wanted"; then
         changed=1
         [ $check = 1 ] && { say "not in tree: $f"; continue; }
         rm -f "$ROOT/$f"

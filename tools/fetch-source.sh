@@ -53,7 +53,8 @@ from_apt() {
     # Only the orig tarball matters; the .dsc and Debian tarball may be gone.
     # (run in the empty work dir: apt skips files already in the cwd)
     read -r uri name _ hash < <(cd "$work" && apt-get "${opts[@]}" source \
-        --print-uris python3.11 2>/dev/null | grep "_$VERSION.orig.tar.gz" | head -1) || {
+        --print-uris python3.11 2>/dev/null |
+        awk -v want="_$VERSION.orig.tar.gz" 'index($0, want) && !found++') || {
         say "no python3.11 $VERSION orig tarball in the source archive"; return 1
     }
     uri=${uri//\'/}

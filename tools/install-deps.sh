@@ -45,13 +45,13 @@ perf_is_new_enough() {
     local v
     v=$("$1" version 2>/dev/null | sed -n 's/^perf version \([0-9]*\.[0-9]*\).*/\1/p')
     [ -n "$v" ] &&
-        [ "$(printf '%s\n%s\n' "$PERF_JIT_MIN" "$v" | sort -V | head -1)" = "$PERF_JIT_MIN" ]
+        [ "$(printf '%s\n%s\n' "$PERF_JIT_MIN" "$v" | sort -V | sed -n 1p)" = "$PERF_JIT_MIN" ]
 }
 
 missing_packages() {
     local p
     for p in "$@"; do
-        dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' ||
+        [ "$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null)" = "install ok installed" ] ||
             echo "$p"
     done
 }

@@ -85,8 +85,9 @@ in_root() { chroot "$CHROOT" /usr/bin/env -i HOME=/root TERM="${TERM:-dumb}" \
     ${CI:+CI=$CI} ${PERF_TESTS_REQUIRED:+PERF_TESTS_REQUIRED=$PERF_TESTS_REQUIRED} \
     "$@"; }
 
-mirror=$(apt_mirrors | grep -v security | head -1)
-security=$(apt_mirrors | grep security | head -1)
+# (awk reads everything: an early exit would fail the pipeline)
+mirror=$(apt_mirrors | awk '!/security/ && !found++')
+security=$(apt_mirrors | awk '/security/ && !found++')
 [ -n "$mirror" ] || die "no Debian mirror in this machine's apt configuration"
 
 if [ -d "$CHROOT" ]; then
