@@ -8,9 +8,12 @@ NPROC     := $(shell nproc 2>/dev/null || echo 2)
 # configure defaults on x86_64/aarch64 Linux).
 CONFIGURE_FLAGS ?=
 
-# A second interpreter, built without frame pointers, for the perf_jit
-# tests and demo (the configuration perf_jit exists for).
+# A second interpreter, for the perf_jit tests and demo: without frame
+# pointers (the configuration perf_jit exists for) and with a shared
+# libpython (as Debian and embedders use it), found through its rpath.
 NOFP_TREE := build/cpython-nofp
+NOFP_FLAGS := --without-frame-pointers --enable-shared \
+	LDFLAGS=-Wl,-rpath,$(CURDIR)/$(NOFP_TREE)
 
 # perf >= 6.8 for the perf_jit workflow, unpacked privately by
 # `make deps-jit`: the system's perf stays what it was.
@@ -51,7 +54,7 @@ build: tree
 
 nofp: deps-jit tree
 	@TREE=$(NOFP_TREE) tools/assemble.sh
-	@tools/build.sh $(NOFP_TREE) --without-frame-pointers $(CONFIGURE_FLAGS)
+	@tools/build.sh $(NOFP_TREE) $(NOFP_FLAGS) $(CONFIGURE_FLAGS)
 
 test: build nofp
 	@PERF_NOFP_PYTHON=$(CURDIR)/$(NOFP_TREE)/python PERF=$(CURDIR)/$(PRIVATE_PERF) \

@@ -2,8 +2,9 @@
  * The perf trampoline template (see Python/perf_trampoline.c).
  *
  * perf_trampoline.c copies the bytes between _PyPerf_TemplateStart and
- * _PyPerf_TemplateEnd once per Python code object, so that each Python
- * function gets a native address range of its own that perf can name.  The
+ * _PyPerf_TemplateEnd into every slot of its executable arenas and gives
+ * each Python code object a slot of its own, so that each Python function
+ * gets a native address range of its own that perf can name.  The
  * template must therefore be position independent: it may not refer to
  * anything outside itself, which is why the evaluator arrives as an argument
  * instead of being called by name.  The equivalent C is
@@ -17,8 +18,9 @@
  *
  * compiled with frame pointers and without tail calls: the template sets up
  * a frame record of its own, so a frame-pointer unwinder walking out of
- * _PyEval_EvalFrameDefault finds the trampoline's return address (and so
- * its name) before it reaches the caller.  The unwind description in
+ * _PyEval_EvalFrameDefault finds a return address inside the trampoline
+ * (and so its name), then, through the trampoline's frame record, its
+ * caller.  The unwind description in
  * Python/perf_unwind.c (for perf_jit and gdb) follows these instructions
  * one by one; change both together.
  */
@@ -108,7 +110,8 @@ _PyPerf_TemplateEnd:
 #endif
 
 #else
-#  error "perf trampolines: no template for this architecture (configure should not have enabled them)"
+/* configure enables perf trampolines only where a template exists. */
+#  error "perf trampolines: no template for this architecture"
 #endif
 
     .section .note.GNU-stack, "", %progbits

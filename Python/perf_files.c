@@ -2,8 +2,9 @@
  * Profiler files in /tmp, for the perf trampoline backends
  * ========================================================
  *
- * perf reads /tmp/perf-<pid>.map and /tmp/jit-<pid>.dump by name, at
- * report time.  A file under a predictable name in a shared directory,
+ * perf reads /tmp/perf-<pid>.map and /tmp/jit-<pid>.dump by name, after
+ * the process has gone (perf report reads the map, perf inject the dump).
+ * A file under a predictable name in a shared directory,
  * written from inside a process that may do anything with its
  * descriptors, needs care:
  *
@@ -39,24 +40,8 @@
 /* Open flags of every profiler file: see the top of this file. */
 #define FILE_FLAGS (O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK)
 
-/* Print one line to stderr without running Python code: callers may be
-   inside the eval hook, where calling sys.stderr could re-enter it. */
-void
-_PyPerf_Warn(const char *format, ...)
-{
-    char line[512];
-    int n = PyOS_snprintf(line, sizeof(line) - 1, "Python perf trampolines: ");
-    va_list vargs;
-    va_start(vargs, format);
-    int m = PyOS_vsnprintf(line + n, sizeof(line) - 1 - n, format, vargs);
-    va_end(vargs);
-    n = (m < 0) ? n : Py_MIN(n + m, (int)sizeof(line) - 2);
-    line[n++] = '\n';
-    (void)_PyPerf_WriteAll(STDERR_FILENO, line, n);
-}
-
-int
-_PyPerf_WriteAll(int fd, const void *buf, size_t size)
+static int
+write_all(int fd, const void *buf, size_t size)
 {
     const char *p = buf;
     while (size > 0) {
@@ -75,6 +60,22 @@ _PyPerf_WriteAll(int fd, const void *buf, size_t size)
         size -= (size_t)n;
     }
     return 0;
+}
+
+/* Print one line to stderr without running Python code: callers may be
+   inside the eval hook, where calling sys.stderr could re-enter it. */
+void
+_PyPerf_Warn(const char *format, ...)
+{
+    char line[512];
+    int n = PyOS_snprintf(line, sizeof(line) - 1, "Python perf trampolines: ");
+    va_list vargs;
+    va_start(vargs, format);
+    int m = PyOS_vsnprintf(line + n, sizeof(line) - 1 - n, format, vargs);
+    va_end(vargs);
+    n = (m < 0) ? n : Py_MIN(n + m, (int)sizeof(line) - 2);
+    line[n++] = '\n';
+    (void)write_all(STDERR_FILENO, line, n);
 }
 
 void
@@ -155,8 +156,8 @@ open_ours(const char *path, int flags, const _PyPerf_File *file)
 
 /* Make sure file->fd refers to our file.  Returns 0, or -1 with errno set
    (file->fd is then -1). */
-int
-_PyPerf_FileCheck(_PyPerf_File *file)
+static int
+check_file(_PyPerf_File *file)
 {
     if (file->fd >= 0 && is_our_file(file->fd, file)) {
         return 0;
@@ -179,10 +180,10 @@ _PyPerf_FileCheck(_PyPerf_File *file)
 int
 _PyPerf_FileAppend(_PyPerf_File *file, const void *buf, size_t size)
 {
-    if (_PyPerf_FileCheck(file) < 0) {
+    if (check_file(file) < 0) {
         return -1;
     }
-    if (_PyPerf_WriteAll(file->fd, buf, size) < 0) {
+    if (write_all(file->fd, buf, size) < 0) {
         int saved = errno;
         (void)ftruncate(file->fd, file->size);
         errno = saved;

@@ -30,13 +30,14 @@
  * library; when it attaches to a running process, it walks the whole list.
  * Without a debugger the cost is building the image and one empty call.
  *
- * One image per page of slots.  An arena is filled with template copies at
+ * One image per chunk of slots.  An arena is filled with template copies at
  * every slot before it is made executable, and every copy runs the same
  * instructions.  So one image can describe many trampolines before they
  * are handed out: one FDE per slot, all with the template's CFA program
  * (Python/perf_unwind.c, the one the jitdump uses), and one function
- * symbol per slot.  The core registers a page of slots at a time, as its
- * slots come into use, so the cost follows use.  Nothing is ever
+ * symbol per slot.  The core (describe_to_debuggers()) registers
+ * GDB_CHUNK_SIZE bytes of whole slots at a time (less at an arena's end),
+ * as they come into use, so the cost follows use.  Nothing is ever
  * unregistered: arenas are never unmapped.
  *
  * The image, a relocatable ELF64 file for the host machine, for `count`
@@ -51,7 +52,7 @@
  *                |             FDE slot 1: [a + s, ...)    |
  *                |             ...          one per slot   |
  *                |             zero terminator             |
- *                +-----------------------------------------+
+ *                +-----------------------------------------+ (8-aligned)
  *                | .symtab     null symbol, then one local |
  *                |             FUNC symbol per slot        |
  *                | .strtab     "\0py_trampoline\0"         |
@@ -294,15 +295,15 @@ section(int index, Elf64_Word type, Elf64_Xword flags, Elf64_Addr addr,
     return sh;
 }
 
-/* Build the image describing `count` slots of `slot_size` bytes at
-   `code` (an arena of `size` bytes) into a new buffer; its size goes to
-   *image_size, preceded in the same allocation by room for an entry.
-   Returns the buffer, or NULL if memory is short. */
+/* Build the image describing `count` slots of `slot_size` bytes at `code`
+   (`size` bytes of an arena) in one new block: a jit_code_entry, then the
+   image it points at (symfile_addr, symfile_size).  Returns the entry, or
+   NULL if it cannot be made. */
 static struct jit_code_entry *
 build_image(const _PyPerf_TemplateCFI *cfi, uintptr_t code, size_t size,
             size_t slot_size, size_t count)
 {
-    /* (Arenas are small: this only keeps the arithmetic below exact.) */
+    /* (Chunks are small: this only keeps the arithmetic below exact.) */
     if (count > (size_t)INT32_MAX / (fde_size(cfi) + sizeof(Elf64_Sym))) {
         return NULL;
     }
@@ -329,7 +330,7 @@ build_image(const _PyPerf_TemplateCFI *cfi, uintptr_t code, size_t size,
     entry->symfile_size = image_size;
 
     _PyPerf_Dwarf b = {.start = (uint8_t *)block + entry_size,
-                     .size = image_size};
+                       .size = image_size};
 
     Elf64_Ehdr eh;
     memset(&eh, 0, sizeof(eh));
@@ -360,7 +361,7 @@ build_image(const _PyPerf_TemplateCFI *cfi, uintptr_t code, size_t size,
 
     Elf64_Shdr sh[SEC_COUNT];
     memset(&sh[SEC_NULL], 0, sizeof(sh[SEC_NULL]));
-    /* The arena: addresses only, the bytes are in the process. */
+    /* The slots: addresses only, the bytes are in the process. */
     sh[SEC_TEXT] = section(SEC_TEXT, SHT_NOBITS, SHF_ALLOC | SHF_EXECINSTR,
                            code, eh_frame_at, size, 16);
     sh[SEC_EH_FRAME] = section(SEC_EH_FRAME, SHT_PROGBITS, 0, 0,
@@ -424,11 +425,4 @@ _PyPerf_GdbRegisterCode(const void *code, size_t size, size_t slot_size)
     d->relevant_entry = NULL;
 }
 
-#else   /* no perf trampolines */
-
-void
-_PyPerf_GdbRegisterCode(const void *code, size_t size, size_t slot_size)
-{
-}
-
-#endif
+#endif  /* PY_HAVE_PERF_TRAMPOLINE */

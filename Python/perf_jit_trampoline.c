@@ -32,18 +32,18 @@
  * The file.  All fields in host byte order:
  *
  *     +-------------------------------------------------------------+
- *     | header: magic "JiTD" 0x4A695444, version 1, header size,   |
+ *     | header: magic "JiTD" 0x4A695444, version 1, header size,    |
  *     |         ELF machine, pad, pid, timestamp, flags (40 bytes)  |
  *     +-------------------------------------------------------------+
  *     | JIT_CODE_UNWINDING_INFO       } for each trampoline, in the |
- *     |   prefix (id 4, size, time)   } order they were made, one  |
- *     |   unwinding size, .eh_frame_hdr size, mapped size          |
- *     |   .eh_frame: CIE, FDE, terminator                          |
- *     |   .eh_frame_hdr: pointers + a one-entry search table       |
- *     | JIT_CODE_LOAD                 } write() for both records   |
+ *     |   prefix (id 4, size, time)   } order they were made, one   |
+ *     |   unwinding size, .eh_frame_hdr size, mapped size           |
+ *     |   .eh_frame: CIE, FDE, terminator                           |
+ *     |   .eh_frame_hdr: pointers + a one-entry search table        |
+ *     | JIT_CODE_LOAD                 } append for both records     |
  *     |   prefix (id 0, size, time)                                 |
- *     |   pid, tid, vma, code address, code size, code index       |
- *     |   name "py::qualname:filename\0", then the code's bytes    |
+ *     |   pid, tid, vma, code address, code size, code index        |
+ *     |   name "py::qualname:filename\0", then the code's bytes     |
  *     +-------------------------------------------------------------+
  *     | ...                                                         |
  *
@@ -59,12 +59,12 @@
  *                    | code (size) | pad | .eh_frame   | .eh_frame_hdr |
  *
  * with A = ALIGN_8(code size) and E = size of our .eh_frame (T, the text
- * offset, is a multiple of 16 in every perf version).  All pointers in the
- * tables are relative (pc-relative or relative to .eh_frame_hdr), so the
- * tables depend only on the code size: they are built once, at init.
- *
- * Their rules come from Python/perf_unwind.c, which derives them from the
- * running template's instructions, and are built once, at init.
+ * offset, is a multiple of 16 in every perf version).  EH_FRAME_DISTANCE()
+ * is A; jit_span() gives each trampoline [T, T + A + tables) so that
+ * perf's mapping of it covers its tables.  The tables come from
+ * Python/perf_unwind.c (_PyPerf_DescribeCode, _PyPerf_BuildEhFrame), which
+ * derives their rules from the running template's instructions; all their
+ * pointers are relative, so init_unwind_info() builds them once.
  *
  * Everything here runs with the GIL held.
  */
@@ -173,7 +173,8 @@ static struct {
     size_t marker_size;
     uint64_t code_index;        /* of the next code load */
     /* Records are built here, not on the C stack: this runs on the first
-       call of a function, possibly deep in it (the GIL serializes us). */
+       call of a function, possibly deep in the C stack (the GIL
+       serializes us). */
     char record[sizeof(unwinding_record) + MAX_UNWIND_SIZE + 8
                 + MAX_RECORD_SIZE];
 } jitdump = {.file = {.fd = -1}};
@@ -392,8 +393,9 @@ jit_write_entry(const void *code, size_t code_size,
         errno = EINVAL;         /* not a copy of the described template */
         return -1;
     }
-    /* Both records in one buffer and one write(): perf applies the
-       unwinding record to the code load after it. */
+    /* Both records in one buffer and one _PyPerf_FileAppend(), so they are
+       written or undone together: perf applies the unwinding record to the
+       code load after it. */
     char *buf = jitdump.record;
     uint64_t now = monotonic_ns();
     size_t unwind_padded = _Py_SIZE_ROUND_UP(jitdump.unwind_size, 8);
@@ -409,9 +411,9 @@ jit_write_entry(const void *code, size_t code_size,
            of this file) and its unwinder looks them up at those
            addresses, in whatever mapping it has there.  jit_span() gave
            each trampoline that address range to itself, and declaring the
-           tables mapped makes perf's mapping of this trampoline cover it.
-           (With the tables unmapped and trampolines 16 bytes apart, the
-           lookup landed in a newer neighbour and unwinding stopped.) */
+           tables mapped makes perf's mapping of this trampoline cover it;
+           otherwise the address after the code lies in a later
+           neighbour's mapping and unwinding stops there. */
         .mapped_size = jitdump.unwind_size,
     };
     code_load_record load = {

@@ -10,9 +10,9 @@
  * START and SIZE in hex without "0x", NAME to the end of the line
  * ("py::<qualname>:<filename>", made by the core).  perf reads the file
  * when it resolves samples, long after the process is gone, so it is never
- * removed.  Each line is written with a single write() on an O_APPEND
- * descriptor (Python/perf_files.c), so the file only ever holds whole
- * lines, whatever happens to the process.
+ * removed.  Each line (during startup, each batch of lines) is appended
+ * with _PyPerf_FileAppend() (Python/perf_files.c), which undoes a partial
+ * write, so the file only ever holds whole lines.
  *
  * Everything here runs with the GIL held.
  */
@@ -27,9 +27,9 @@
 
 static struct {
     _PyPerf_File file;
-    /* Lines made during interpreter startup (importlib, site: some 150
-       functions) are written together when startup ends, instead of with
-       a system call each.  After that every line is written as it is
+    /* Lines made during interpreter startup (site and what it imports)
+       are written together when startup ends, instead of with a system
+       call each.  After that every line is written as it is
        made, so a process that dies leaves a complete map. */
     int gathering;
     size_t gathered;

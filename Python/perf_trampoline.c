@@ -9,13 +9,13 @@
  * evaluator and returns.  The trampoline's address range is unique to the
  * code object and we tell the profiler its name:
  *
- *     without                           with
+ *     without                       with
  *
- *     _PyEval_EvalFrameDefault          _PyEval_EvalFrameDefault
- *     _PyEval_EvalFrameDefault          py::parse:/srv/app.py       <- trampoline
- *     _PyEval_EvalFrameDefault          _PyEval_EvalFrameDefault
- *     main                              py::<module>:/srv/app.py    <- trampoline
- *                                       main
+ *     _PyEval_EvalFrameDefault      _PyEval_EvalFrameDefault
+ *     _PyEval_EvalFrameDefault      py::parse:/srv/app.py      <- trampoline
+ *     _PyEval_EvalFrameDefault      _PyEval_EvalFrameDefault
+ *     main                          py::<module>:/srv/app.py   <- trampoline
+ *                                   main
  *
  * Trampolines are copies of the template in Python/asm_trampoline.S.  The
  * template keeps a frame record (saved frame pointer + return address), so
@@ -25,8 +25,9 @@
  * perf_jit backend instead describes the trampolines with DWARF unwind info.
  *
  * Memory.  Trampolines live in arenas: an arena is mapped read-write, filled
- * with template copies, then made read-execute (never writable and executable
- * at once) and handed out slot by slot with a bump pointer:
+ * with template copies, then made read-execute (never writable and
+ * executable at once) and handed out with a bump pointer, one or more slots
+ * at a time (as many as the backend's span() asks for):
  *
  *     arena: | template | template | template | ... | template |
  *            ^ handed out            ^ next            ^ limit
@@ -41,8 +42,9 @@
  * runs every frame that goes through _PyEval_EvalFrame via its trampoline.
  * Python-to-Python calls do not go through it: ceval.c keeps its
  * specialized call instructions while our hook is installed and calls the
- * callee's trampoline directly (_PyPerf_ForCall), falling back to
- * its ordinary inlined call when the C stack runs low.  Anything that fails
+ * callee's trampoline directly (_PyPerf_ForCall), falling back to its
+ * ordinary inlined call when the thread's C stack budget is used up or
+ * unknown, or no trampoline can be had.  Anything that fails
  * here falls back to _PyEval_EvalFrameDefault: the hook never raises and
  * never changes what the program does.
  *
@@ -50,11 +52,11 @@
  * map (/tmp/perf-<pid>.map, Python/perf_map.c) or a jitdump
  * (Python/perf_jit_trampoline.c), both through the small interface in
  * Include/internal/pycore_perf.h; this file knows nothing of their
- * formats.  perf reads those files at report time, long after the process
- * is gone, so they are never removed.  A forked child has a new pid, so it
- * starts its own file holding everything it inherited.  Debuggers learn
- * about slots a page at a time, as they come into use (Python/perf_gdb_jit.c,
- * gdb's JIT interface).
+ * formats.  perf reads those files (perf report, perf inject) long after the
+ * process is gone, so they are never removed.  A forked child has a new
+ * pid, so it starts its own file holding everything it inherited.
+ * Debuggers learn about slots GDB_CHUNK_SIZE bytes at a time, as they come
+ * into use (Python/perf_gdb_jit.c, gdb's JIT interface).
  *
  * Everything here runs with the GIL held (3.11 has one GIL for all
  * interpreters), which serializes all state changes and all file writes.
@@ -93,9 +95,8 @@
 #define MAX_FILENAME 2048
 
 /* Fast-path calls may use at most 1/STACK_BUDGET_DIVISOR of a thread's C
-   stack (about 360 bytes a call on x86_64: 5800 named levels in an 8 MiB
-   main thread); the rest stays available to the program, which in stock
-   3.11 needs no C stack for Python-to-Python calls at all. */
+   stack (each costs a few hundred bytes of it); the rest stays for the
+   program, whose Python-to-Python calls otherwise need no C stack. */
 #define STACK_BUDGET_DIVISOR 4
 
 /* Where the template has BTI landing pads, ask for them to be enforced in
@@ -124,6 +125,11 @@ static const struct {
 #endif
 };
 #define BACKEND_COUNT ((int)Py_ARRAY_LENGTH(backends))
+#ifdef PY_HAVE_PERF_JIT_TRAMPOLINE
+#  define BACKEND_NAMES "'perf', 'perf_jit'"
+#else
+#  define BACKEND_NAMES "'perf'"
+#endif
 
 /* An interpreter that activated trampolines at least once. */
 struct _PyPerf_Interp {
@@ -191,7 +197,6 @@ new_arena(void)
     _PyPerf_core.next = mem;
     _PyPerf_core.described = mem;
     _PyPerf_core.limit = mem + count * _PyPerf_core.slot_size;
-    _PyPerf_core.arena_count++;
     return 0;
 }
 
@@ -201,10 +206,9 @@ static int
 init_arenas(void)
 {
     if (_PyPerf_core.arena_status == _PyPerf_ARENAS_UNTRIED) {
-        _PyPerf_core.code_size = _PyPerf_TemplateEnd
-                               - _PyPerf_TemplateStart;
+        _PyPerf_core.code_size = _PyPerf_TemplateEnd - _PyPerf_TemplateStart;
         _PyPerf_core.slot_size = _Py_SIZE_ROUND_UP(_PyPerf_core.code_size,
-                                                 SLOT_ALIGN);
+                                                   SLOT_ALIGN);
         if (new_arena() < 0) {
             _PyPerf_core.arena_status = _PyPerf_ARENAS_REFUSED;
             _PyPerf_core.arena_errno = errno;
@@ -221,9 +225,9 @@ init_arenas(void)
 }
 
 /* Every slot of an arena holds a trampoline from the start, so gdb can be
-   told about them ahead of use (Python/perf_gdb_jit.c); that is done a
-   page of slots at a time, as they are handed out, so that its cost
-   follows use. */
+   told about them ahead of use (Python/perf_gdb_jit.c); that is done
+   GDB_CHUNK_SIZE bytes of whole slots at a time (less at an arena's end),
+   as they are handed out, so that its cost follows use. */
 static void
 describe_to_debuggers(void)
 {
@@ -258,7 +262,6 @@ new_slot(size_t span)
     if (_PyPerf_core.next > _PyPerf_core.described) {
         describe_to_debuggers();
     }
-    _PyPerf_core.trampoline_count++;
     return slot;
 }
 
@@ -266,9 +269,10 @@ new_slot(size_t span)
  * Names: "py::<qualname>:<filename>"
  *
  * Written byte by byte from the str's code points, so it cannot fail or
- * raise: control characters (which could end a map line) become \xNN,
- * lone surrogates (not encodable as UTF-8) become \uXXXX, everything else
- * is UTF-8.  Each part has a byte budget.
+ * raise (code objects' names are ready strings; anything else is "?"):
+ * control characters (which could end a map line) become \xNN, lone
+ * surrogates (not encodable as UTF-8) become \uXXXX, everything else is
+ * UTF-8.  Each part has a byte budget.
  */
 
 static size_t
@@ -276,7 +280,7 @@ append_escaped(char *buf, size_t pos, size_t budget, PyObject *str)
 {
     static const char hex[] = "0123456789abcdef";
     size_t end = pos + budget;
-    if (!PyUnicode_Check(str) || PyUnicode_READY(str) < 0) {
+    if (!PyUnicode_Check(str) || !PyUnicode_IS_READY(str)) {
         buf[pos++] = '?';
         return pos;
     }
@@ -288,7 +292,9 @@ append_escaped(char *buf, size_t pos, size_t budget, PyObject *str)
         /* The common case: copy the printable prefix in one go. */
         const unsigned char *ascii = data;
         Py_ssize_t room = (Py_ssize_t)(end - pos) - 3;
-        while (i < length && i < room && ascii[i] >= 0x20 && ascii[i] != 0x7f) {
+        while (i < length && i < room && ascii[i] >= 0x20
+               && ascii[i] != 0x7f)
+        {
             i++;
         }
         memcpy(buf + pos, ascii, i);
@@ -342,8 +348,8 @@ append_escaped(char *buf, size_t pos, size_t budget, PyObject *str)
 
 /* Format the entry name of `co` into buf (no NUL); return its length.
    buf must hold _PyPerf_MAX_NAME bytes. */
-size_t
-_PyPerf_FormatName(PyCodeObject *co, char *buf)
+static size_t
+format_name(PyCodeObject *co, char *buf)
 {
     size_t pos = 0;
     memcpy(buf, "py::", 4);
@@ -413,7 +419,7 @@ assign_trampoline(PyCodeObject *co, const perf_interp *pi)
         /* The slot stays unused: harmless, and rare. */
         return NULL;
     }
-    size_t name_size = _PyPerf_FormatName(co, _PyPerf_core.name);
+    size_t name_size = format_name(co, _PyPerf_core.name);
     if (pi->backend->write_entry(slot, _PyPerf_core.code_size,
                                  _PyPerf_core.name, name_size) < 0) {
         report_failure("cannot write the profiler's file; new functions "
@@ -480,7 +486,8 @@ _PyPerf_EvalFrame(PyThreadState *tstate, _PyInterpreterFrame *frame,
  * The fast path's C stack budget
  *
  * 3.11 runs Python-to-Python calls without using the C stack.  The fast
- * path puts one native frame per call back (trampoline + evaluator), so it
+ * path puts native frames back on the C stack for every call (the
+ * trampoline's and the evaluator's), so it
  * may only be taken while the thread has stack to spare, and only on the
  * thread's own stack: code running on a stack of its own (a fiber made
  * with makecontext, a coroutine library's stack) has a size we cannot
@@ -578,7 +585,7 @@ activate(PyThreadState *tstate, const char *name, int at_startup)
     if (backend == NULL) {
         PyErr_Format(PyExc_ValueError,
                      "unknown perf trampoline backend '%s' (choose from %s)",
-                     name, _PyPerf_BACKEND_NAMES);
+                     name, BACKEND_NAMES);
         return -1;
     }
     if (interp->eval_frame != NULL

@@ -242,16 +242,16 @@ _PyPerf_EmitU32(_PyPerf_Dwarf *b, uint32_t v)
     }
 }
 
-void
-_PyPerf_EmitU64(_PyPerf_Dwarf *b, uint64_t v)
+static void
+emit_u64(_PyPerf_Dwarf *b, uint64_t v)
 {
     for (int i = 0; i < 8; i++) {
         _PyPerf_EmitU8(b, (uint8_t)(v >> (8 * i)));
     }
 }
 
-void
-_PyPerf_EmitULEB128(_PyPerf_Dwarf *b, uint64_t v)
+static void
+emit_uleb128(_PyPerf_Dwarf *b, uint64_t v)
 {
     do {
         uint8_t byte = v & 0x7f;
@@ -260,8 +260,8 @@ _PyPerf_EmitULEB128(_PyPerf_Dwarf *b, uint64_t v)
     } while (v != 0);
 }
 
-void
-_PyPerf_EmitSLEB128(_PyPerf_Dwarf *b, int64_t v)
+static void
+emit_sleb128(_PyPerf_Dwarf *b, int64_t v)
 {
     for (;;) {
         uint8_t byte = v & 0x7f;
@@ -310,10 +310,10 @@ _PyPerf_EmitCIE(_PyPerf_Dwarf *b, const _PyPerf_TemplateCFI *cfi,
     /* augmentation "zR", NUL included: 'z' augmentation data size
        follows, 'R' the FDE pointer encoding */
     _PyPerf_EmitBytes(b, "zR", 3);
-    _PyPerf_EmitULEB128(b, cfi->code_align);
-    _PyPerf_EmitSLEB128(b, cfi->data_align);
+    emit_uleb128(b, cfi->code_align);
+    emit_sleb128(b, cfi->data_align);
     _PyPerf_EmitU8(b, (uint8_t)cfi->ra_column);    /* a byte in version 1 */
-    _PyPerf_EmitULEB128(b, 1);              /* augmentation data size */
+    emit_uleb128(b, 1);              /* augmentation data size */
     _PyPerf_EmitU8(b, pointer_encoding);
     _PyPerf_EmitBytes(b, cfi->initial, cfi->initial_size);
     end_block(b, cie);
@@ -328,8 +328,8 @@ _PyPerf_EmitFDE(_PyPerf_Dwarf *b, size_t cie, const _PyPerf_TemplateCFI *cfi,
     /* CIE pointer: from this field back to the CIE */
     _PyPerf_EmitU32(b, (uint32_t)(b->pos - cie));
     if (pointer_encoding == _PyPerf_DW_EH_PE_absptr) {
-        _PyPerf_EmitU64(b, (uint64_t)pc_begin);
-        _PyPerf_EmitU64(b, (uint64_t)cfi->code_size);      /* pc_range */
+        emit_u64(b, (uint64_t)pc_begin);
+        emit_u64(b, (uint64_t)cfi->code_size);      /* pc_range */
     }
     else {
         assert(pointer_encoding
@@ -337,7 +337,7 @@ _PyPerf_EmitFDE(_PyPerf_Dwarf *b, size_t cie, const _PyPerf_TemplateCFI *cfi,
         _PyPerf_EmitU32(b, (uint32_t)(int32_t)pc_begin);
         _PyPerf_EmitU32(b, (uint32_t)cfi->code_size);      /* pc_range */
     }
-    _PyPerf_EmitULEB128(b, 0);              /* augmentation data size */
+    emit_uleb128(b, 0);              /* augmentation data size */
     _PyPerf_EmitBytes(b, cfi->program, cfi->program_size);
     end_block(b, fde);
     return fde;
@@ -349,7 +349,8 @@ _PyPerf_EmitFDE(_PyPerf_Dwarf *b, size_t cie, const _PyPerf_TemplateCFI *cfi,
 
 /* Move the location to `offset` bytes into the code. */
 static void
-emit_advance(_PyPerf_Dwarf *b, const unwind_arch *arch, size_t *loc, size_t offset)
+emit_advance(_PyPerf_Dwarf *b, const unwind_arch *arch, size_t *loc,
+             size_t offset)
 {
     assert(offset >= *loc && (offset - *loc) % arch->code_align == 0);
     size_t delta = (offset - *loc) / arch->code_align;
@@ -369,10 +370,11 @@ emit_advance(_PyPerf_Dwarf *b, const unwind_arch *arch, size_t *loc, size_t offs
     *loc = offset;
 }
 
-/* The rules that hold after one frame change.  `factored` turns a byte
+/* The rules that hold after one frame change.  FACTORED() turns a byte
    distance below the CFA into DW_CFA_offset's operand. */
 static void
-emit_frame_change(_PyPerf_Dwarf *b, const unwind_arch *arch, template_step step)
+emit_frame_change(_PyPerf_Dwarf *b, const unwind_arch *arch,
+                  template_step step)
 {
 #define FACTORED(bytes_below_cfa) \
     ((uint64_t)((bytes_below_cfa) / -arch->data_align))
@@ -381,30 +383,30 @@ emit_frame_change(_PyPerf_Dwarf *b, const unwind_arch *arch, template_step step)
     case STEP_PUSH_FRAME:
         /* DW_CFA_def_cfa_offset: CFA = sp + frame_top (register kept) */
         _PyPerf_EmitU8(b, DW_CFA_def_cfa_offset);
-        _PyPerf_EmitULEB128(b, frame_top);
+        emit_uleb128(b, frame_top);
         /* DW_CFA_offset: the caller's fp is saved at the bottom of the
            record, CFA - frame_top */
         _PyPerf_EmitU8(b, DW_CFA_offset | arch->fp_reg);
-        _PyPerf_EmitULEB128(b, FACTORED(frame_top));
+        emit_uleb128(b, FACTORED(frame_top));
         if (arch->push_saves_ra) {
             /* DW_CFA_offset: the return address register is saved right
                above it */
             _PyPerf_EmitU8(b, DW_CFA_offset | arch->ra_column);
-            _PyPerf_EmitULEB128(b, FACTORED(frame_top - 8));
+            emit_uleb128(b, FACTORED(frame_top - 8));
         }
         break;
     case STEP_SET_FP:
         /* DW_CFA_def_cfa_register: CFA = fp + frame_top; sp may move
            from here on without changing the rules */
         _PyPerf_EmitU8(b, DW_CFA_def_cfa_register);
-        _PyPerf_EmitULEB128(b, arch->fp_reg);
+        emit_uleb128(b, arch->fp_reg);
         break;
     case STEP_POP_FRAME:
         /* DW_CFA_def_cfa: CFA = sp + entry offset, as at the first
            instruction */
         _PyPerf_EmitU8(b, DW_CFA_def_cfa);
-        _PyPerf_EmitULEB128(b, arch->sp_reg);
-        _PyPerf_EmitULEB128(b, arch->entry_cfa_offset);
+        emit_uleb128(b, arch->sp_reg);
+        emit_uleb128(b, arch->entry_cfa_offset);
         /* DW_CFA_restore: fp holds the caller's value again */
         _PyPerf_EmitU8(b, DW_CFA_restore | arch->fp_reg);
         if (arch->push_saves_ra) {
@@ -464,12 +466,12 @@ _PyPerf_DescribeCode(unsigned int elf_machine, const uint8_t *code,
     _PyPerf_Dwarf b = {.start = cfi->initial, .size = sizeof(cfi->initial)};
     /* DW_CFA_def_cfa: CFA = sp + entry offset */
     _PyPerf_EmitU8(&b, DW_CFA_def_cfa);
-    _PyPerf_EmitULEB128(&b, arch->sp_reg);
-    _PyPerf_EmitULEB128(&b, arch->entry_cfa_offset);
+    emit_uleb128(&b, arch->sp_reg);
+    emit_uleb128(&b, arch->entry_cfa_offset);
     if (!arch->push_saves_ra) {
         /* DW_CFA_offset: the return address is on the stack, at CFA - 8 */
         _PyPerf_EmitU8(&b, DW_CFA_offset | arch->ra_column);
-        _PyPerf_EmitULEB128(&b, 8 / -arch->data_align);
+        emit_uleb128(&b, 8 / -arch->data_align);
     }
     cfi->initial_size = b.pos;
     int overflow = _PyPerf_DWARF_OVERFLOWED(&b);

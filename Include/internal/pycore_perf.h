@@ -10,7 +10,7 @@ extern "C" {
 
 /* Perf trampolines: Python functions in native profilers.
  *
- * The files, in the order data flows through them:
+ * The files:
  *
  *   Python/initconfig.c          -X perf, -X perf_jit and their variables
  *   Python/perf_trampoline.c     the core: activation, arenas and slots,
@@ -60,12 +60,6 @@ extern char _PyPerf_TemplateEnd[];
 
 /* ---- The core (Python/perf_trampoline.c) ------------------------------- */
 
-#ifdef PY_HAVE_PERF_JIT_TRAMPOLINE
-#  define _PyPerf_BACKEND_NAMES "'perf', 'perf_jit'"
-#else
-#  define _PyPerf_BACKEND_NAMES "'perf'"
-#endif
-
 extern int _PyPerf_Activate(PyThreadState *tstate, const char *backend);
 extern int _PyPerf_Deactivate(PyThreadState *tstate);
 extern int _PyPerf_IsActive(PyThreadState *tstate);
@@ -108,9 +102,8 @@ extern const _PyPerf_Backend _PyPerf_MapBackend;
 extern const _PyPerf_Backend _PyPerf_JitBackend;
 #endif
 
-/* Longest entry name _PyPerf_FormatName() produces. */
+/* An upper bound on the length of a trampoline's name (no NUL). */
 #define _PyPerf_MAX_NAME 3200
-extern size_t _PyPerf_FormatName(PyCodeObject *co, char *buf);
 
 typedef enum {
     _PyPerf_ARENAS_UNTRIED,
@@ -132,8 +125,6 @@ typedef struct {
     char *next;                 /* next free slot of the current arena */
     char *described;            /* end of what gdb was told about */
     char *limit;                /* end of the current arena */
-    size_t arena_count;
-    size_t trampoline_count;
     int warned;                 /* a run-time failure was reported */
     struct _PyPerf_Interp *interps;   /* interpreters that activated */
     size_t interp_count;
@@ -183,9 +174,10 @@ _PyPerf_Lookup(PyCodeObject *co, Py_ssize_t index)
 }
 
 /* The trampoline a Python-to-Python call of `co` goes through, or NULL to
-   inline the call as stock 3.11 does.  The common case, the main
-   interpreter calling code that has a trampoline on a stack with room,
-   takes no call. */
+   inline the call as usual.  The common case, the main interpreter calling
+   code that has a trampoline on a stack with room, takes no call (in a
+   static libpython: a shared one reaches _PyPerf_stack through
+   __tls_get_addr). */
 static inline _PyPerf_Trampoline
 _PyPerf_ForCall(PyThreadState *tstate, PyCodeObject *co)
 {
@@ -215,7 +207,6 @@ extern void _PyPerf_GdbRegisterCode(const void *code, size_t size,
 
 /* Print one line to stderr without running Python code. */
 extern void _PyPerf_Warn(const char *format, ...);
-extern int _PyPerf_WriteAll(int fd, const void *buf, size_t size);
 /* close() for error paths: errno stays what the failure set. */
 extern void _PyPerf_CloseKeepErrno(int fd);
 
@@ -230,7 +221,6 @@ typedef struct {
 } _PyPerf_File;
 
 extern int _PyPerf_FileOpen(_PyPerf_File *file, const char *path);
-extern int _PyPerf_FileCheck(_PyPerf_File *file);
 extern int _PyPerf_FileAppend(_PyPerf_File *file, const void *buf,
                               size_t size);
 extern int _PyPerf_FileOpenReadOnly(const _PyPerf_File *file);
@@ -260,11 +250,12 @@ typedef struct {
 
 /* Describe `code`, a copy of the template for `elf_machine`.  Returns 0, or
    -1 with errno set (ENOEXEC: the code does not match the description,
-   also reported on stderr if `warn`; EINVAL: unknown machine).  (This and
-   _PyPerf_BuildEhFrame are exported for _testinternalcapi.) */
+   also reported on stderr if `warn`; EINVAL: unknown machine; ENOSPC: the
+   description does not fit `cfi`).  (This and _PyPerf_BuildEhFrame are
+   exported for _testinternalcapi.) */
 PyAPI_FUNC(int) _PyPerf_DescribeCode(unsigned int elf_machine,
-                                const uint8_t *code, size_t code_size,
-                                _PyPerf_TemplateCFI *cfi, int warn);
+                                     const uint8_t *code, size_t code_size,
+                                     _PyPerf_TemplateCFI *cfi, int warn);
 
 /* A DWARF output buffer.  Writes past `size` are counted, not stored: a
    buffer of size 0 measures what would be written. */
@@ -287,9 +278,6 @@ extern void _PyPerf_EmitBytes(_PyPerf_Dwarf *b, const void *bytes,
                               size_t size);
 extern void _PyPerf_EmitU8(_PyPerf_Dwarf *b, uint8_t v);
 extern void _PyPerf_EmitU32(_PyPerf_Dwarf *b, uint32_t v);
-extern void _PyPerf_EmitU64(_PyPerf_Dwarf *b, uint64_t v);
-extern void _PyPerf_EmitULEB128(_PyPerf_Dwarf *b, uint64_t v);
-extern void _PyPerf_EmitSLEB128(_PyPerf_Dwarf *b, int64_t v);
 /* A CIE for `cfi` whose FDEs encode pc_begin as `pointer_encoding`
    (absptr: 8 bytes; pcrel|sdata4: 4).  Returns the CIE's offset. */
 extern size_t _PyPerf_EmitCIE(_PyPerf_Dwarf *b,
@@ -306,9 +294,9 @@ extern size_t _PyPerf_EmitFDE(_PyPerf_Dwarf *b, size_t cie,
    then .eh_frame_hdr, for code lying `text_gap` bytes before .eh_frame.
    Returns the total size and stores the .eh_frame_hdr's in *hdr_size; -1
    with errno set if `buf` is too small. */
-PyAPI_FUNC(Py_ssize_t) _PyPerf_BuildEhFrame(const _PyPerf_TemplateCFI *cfi,
-                                       size_t text_gap, uint8_t *buf,
-                                       size_t buf_size, size_t *hdr_size);
+PyAPI_FUNC(Py_ssize_t) _PyPerf_BuildEhFrame(
+    const _PyPerf_TemplateCFI *cfi, size_t text_gap, uint8_t *buf,
+    size_t buf_size, size_t *hdr_size);
 
 #else   /* !PY_HAVE_PERF_TRAMPOLINE */
 
