@@ -149,6 +149,7 @@ say "== make demo (in the fresh root) =="
 set +e
 in_root make -C "$SRC" demo
 demo_status=$?
+demo_minutes=$(( (SECONDS - started) / 60 ))
 say "== make test (in the fresh root) =="
 in_root make -C "$SRC" test 2>&1 | tee "$WORK/test.log"
 test_status=${PIPESTATUS[0]}
@@ -156,7 +157,7 @@ set -e
 closing=$(grep -E '^[0-9]+ passed, [0-9]+ failed, [0-9]+ skipped$' "$WORK/test.log" |
           tail -1 || true)
 echo
-echo "test-fresh: make demo exited $demo_status"
+echo "test-fresh: make demo exited $demo_status ($demo_minutes min)"
 echo "test-fresh: make test exited $test_status"
 echo "test-fresh: both took $(( (SECONDS - started) / 60 )) min in a clean Debian 12 root"
 if [ -z "$closing" ]; then
