@@ -144,15 +144,21 @@ say "cloning $ROOT at ${head:0:12} into the root"
 git clone -q --no-hardlinks "$ROOT" "$CHROOT$SRC"
 git -C "$CHROOT$SRC" checkout -q --detach "$head"
 
+# Each command runs in the background and is waited for: bash runs a trap
+# only between commands, and `wait` is the one a signal cuts short, so
+# TERM or Ctrl-C cleans up at once (cleanup kills what runs in the root).
 started=$SECONDS
 say "== make demo (in the fresh root) =="
 set +e
-in_root make -C "$SRC" demo
+in_root make -C "$SRC" demo &
+wait $!
 demo_status=$?
 demo_minutes=$(( (SECONDS - started) / 60 ))
 say "== make test (in the fresh root) =="
-in_root make -C "$SRC" test 2>&1 | tee "$WORK/test.log"
-test_status=${PIPESTATUS[0]}
+(in_root make -C "$SRC" test 2>&1 | tee "$WORK/test.log"
+ exit "${PIPESTATUS[0]}") &
+wait $!
+test_status=$?
 set -e
 closing=$(grep -E '^[0-9]+ passed, [0-9]+ failed, [0-9]+ skipped$' "$WORK/test.log" |
           tail -1 || true)
