@@ -1458,6 +1458,100 @@ class GdbTests(PerfTestCase):
                 self.assertIn("Py_BytesMain", names, output)
                 self.assertEqual(reason, "outermost", output)
 
+    OTHER_JIT = """\
+/* Another JIT in the process: its own gdb JIT interface pair, and one
+   image (an object file with a function) registered through it. */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct jit_code_entry {
+    struct jit_code_entry *next_entry;
+    struct jit_code_entry *prev_entry;
+    const char *symfile_addr;
+    uint64_t symfile_size;
+};
+struct jit_descriptor {
+    uint32_t version;
+    uint32_t action_flag;
+    struct jit_code_entry *relevant_entry;
+    struct jit_code_entry *first_entry;
+};
+
+void __attribute__((noinline))
+__jit_debug_register_code(void)
+{
+    __asm__ __volatile__("" ::: "memory");
+}
+
+struct jit_descriptor __jit_debug_descriptor = {1, 0, NULL, NULL};
+
+int
+other_jit_register(const char *image, uint64_t size)
+{
+    struct jit_code_entry *entry = calloc(1, sizeof(*entry));
+    char *copy = malloc(size);
+    if (entry == NULL || copy == NULL) {
+        return -1;
+    }
+    memcpy(copy, image, size);
+    entry->symfile_addr = copy;
+    entry->symfile_size = size;
+    entry->next_entry = __jit_debug_descriptor.first_entry;
+    if (entry->next_entry != NULL) {
+        entry->next_entry->prev_entry = entry;
+    }
+    __jit_debug_descriptor.first_entry = entry;
+    __jit_debug_descriptor.relevant_entry = entry;
+    __jit_debug_descriptor.action_flag = 1;
+    __jit_debug_register_code();
+    __jit_debug_descriptor.action_flag = 0;
+    return 0;
+}
+"""
+
+    def test_another_jits_images_next_to_ours(self):
+        # A JIT library with its own pair of gdb symbols registers an image
+        # (an object file with one function) from a -X perf process: gdb
+        # knows that function and still walks through our trampolines.
+        cc = shutil.which(sysconfig.get_config_var("CC").split()[0])
+        if cc is None:
+            skip_environment("needs the C compiler Python was built with")
+        library = os.path.join(self.tmpdir, "libotherjit.so")
+        image = os.path.join(self.tmpdir, "image.o")
+        write_script(self.tmpdir, self.OTHER_JIT, "otherjit.c")
+        write_script(self.tmpdir,
+                     "int other_jit_function(int x) { return x * 7; }\n",
+                     "image.c")
+        for command in ([cc, "-shared", "-fPIC", "otherjit.c", "-o",
+                         library],
+                        [cc, "-g", "-c", "image.c", "-o", image]):
+            build = subprocess.run(command, cwd=self.tmpdir,
+                                   capture_output=True, text=True)
+            self.assertEqual(build.returncode, 0, build.stderr)
+        path = write_script(self.tmpdir, """\
+            import ctypes, os, sys
+            other_jit = ctypes.PyDLL(sys.argv[1])
+            with open(sys.argv[2], "rb") as f:
+                image = f.read()
+            if other_jit.other_jit_register(image,
+                                            ctypes.c_uint64(len(image))):
+                sys.exit("other_jit_register failed")
+            def leaf():
+                return os.getppid()
+            def middle():
+                return leaf()
+            middle()
+            """)
+        output = run_gdb(["break os_getppid", "run",
+                          "info functions other_jit_function", "bt", "kill"],
+                         [sys.executable, "-X", "perf", path, library, image])
+        self.assertIn("int other_jit_function(int);", output)
+        traces = backtraces(output)
+        self.assertEqual(len(traces), 1, output)
+        # leaf, middle and <module>
+        self.assertPythonLevels(traces[0], 3, output)
+
     def test_py_bt(self):
         # CPython's gdb extension walks the C stack for evaluator frames:
         # it needs the unwinding through trampolines too.
