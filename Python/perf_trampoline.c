@@ -72,7 +72,10 @@
 #ifdef PY_HAVE_PERF_TRAMPOLINE
 
 #include <errno.h>
+#include <fcntl.h>                // open()
 #include <pthread.h>              // pthread_getattr_np()
+#include <sys/resource.h>         // getrlimit()
+#include <sys/syscall.h>          // SYS_gettid
 #include <sys/mman.h>             // mmap(), mprotect()
 #include <unistd.h>               // sysconf()
 
@@ -496,39 +499,128 @@ _PyPerf_EvalFrame(PyThreadState *tstate, _PyInterpreterFrame *frame,
  * without perf):
  *
  *     high  +---------------------+  the thread's stack, from its mapping
- *           | fast path allowed   |  (pthread_getattr_np: the main
- *     limit +---------------------+   thread's comes from /proc/self/maps)
+ *           | fast path allowed   |  (the main thread's: /proc/self/maps;
+ *     limit +---------------------+   other threads': pthread_getattr_np)
  *           | 3/4: the program's  |
  *     low   +---------------------+
  *
  *     sp outside [limit, high): inline.
  */
 
+/* Parse lowercase hex at p (before end); return where it stopped, or NULL
+   if there was no digit. */
+static const char *
+parse_hex(const char *p, const char *end, uintptr_t *value)
+{
+    const char *start = p;
+    uintptr_t v = 0;
+    for (; p < end; p++) {
+        int digit;
+        if (*p >= '0' && *p <= '9') {
+            digit = *p - '0';
+        }
+        else if (*p >= 'a' && *p <= 'f') {
+            digit = *p - 'a' + 10;
+        }
+        else {
+            break;
+        }
+        v = (v << 4) | (uintptr_t)digit;
+    }
+    *value = v;
+    return p == start ? NULL : p;
+}
+
+/* The main thread's stack: the mapping of /proc/self/maps that holds `sp`,
+   which may grow down to RLIMIT_STACK but never into the mapping below it.
+   The file is read in one go: pthread_getattr_np() reads it line by line
+   through stdio, several times slower, and this runs at startup under
+   -X perf.  Returns 0, or -1 if the stack cannot be found. */
+static int
+main_thread_stack(uintptr_t sp, uintptr_t *low, uintptr_t *high)
+{
+    enum { MAPS_SIZE = 64 * 1024 };
+    char *buf = PyMem_RawMalloc(MAPS_SIZE);
+    if (buf == NULL) {
+        return -1;
+    }
+    size_t len = 0;
+    int fd = open("/proc/self/maps", O_RDONLY | O_CLOEXEC);
+    if (fd >= 0) {
+        ssize_t n;
+        while (len < MAPS_SIZE
+               && ((n = read(fd, buf + len, MAPS_SIZE - len)) > 0
+                   || (n < 0 && errno == EINTR)))
+        {
+            len += n > 0 ? (size_t)n : 0;
+        }
+        close(fd);
+    }
+    int res = -1;
+    uintptr_t below = 0;        /* end of the previous mapping */
+    const char *p = buf, *end = buf + len;
+    while (len < MAPS_SIZE && p < end) {
+        /* "START-END perms offset dev inode path" */
+        uintptr_t start, stop;
+        const char *q = parse_hex(p, end, &start);
+        if (q == NULL || q == end || *q != '-'
+            || (q = parse_hex(q + 1, end, &stop)) == NULL)
+        {
+            break;
+        }
+        if (start <= sp && sp < stop) {
+            struct rlimit rl;
+            *high = stop;
+            *low = below;
+            if (getrlimit(RLIMIT_STACK, &rl) == 0
+                && rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < stop
+                && stop - rl.rlim_cur > below)
+            {
+                *low = stop - rl.rlim_cur;
+            }
+            res = 0;
+            break;
+        }
+        below = stop;
+        q = memchr(q, '\n', end - q);
+        p = q != NULL ? q + 1 : end;
+    }
+    PyMem_RawFree(buf);
+    return res;
+}
+
 static void
-find_stack(void)
+find_stack(uintptr_t sp)
 {
     _PyPerf_stack.known = 1;
-    pthread_attr_t attr;
-    void *low;
-    size_t size;
-    if (pthread_getattr_np(pthread_self(), &attr) != 0) {
-        return;   /* unknown: this thread never takes the fast path */
+    uintptr_t low, high;
+    if (getpid() != (pid_t)syscall(SYS_gettid)
+        || main_thread_stack(sp, &low, &high) < 0)
+    {
+        pthread_attr_t attr;
+        void *addr;
+        size_t size;
+        if (pthread_getattr_np(pthread_self(), &attr) != 0) {
+            return;   /* unknown: this thread never takes the fast path */
+        }
+        int err = pthread_attr_getstack(&attr, &addr, &size);
+        pthread_attr_destroy(&attr);
+        if (err != 0 || size == 0) {
+            return;
+        }
+        low = (uintptr_t)addr;
+        high = low + size;
     }
-    int err = pthread_attr_getstack(&attr, &low, &size);
-    pthread_attr_destroy(&attr);
-    if (err != 0 || size == 0) {
-        return;
-    }
-    /* The stack grows down from low + size. */
-    _PyPerf_stack.high = (uintptr_t)low + size;
-    _PyPerf_stack.limit = _PyPerf_stack.high - size / STACK_BUDGET_DIVISOR;
+    /* The stack grows down from high. */
+    _PyPerf_stack.high = high;
+    _PyPerf_stack.limit = high - (high - low) / STACK_BUDGET_DIVISOR;
 }
 
 _PyPerf_Trampoline
 _PyPerf_ForCallSlow(PyThreadState *tstate, PyCodeObject *co, uintptr_t sp)
 {
     if (!_PyPerf_stack.known) {
-        find_stack();
+        find_stack(sp);
     }
     if (sp < _PyPerf_stack.limit || sp >= _PyPerf_stack.high) {
         return NULL;
