@@ -40,7 +40,7 @@ deps:
 
 # A private perf >= 6.8 (Debian 12: from bookworm-backports) for perf
 # inject --jit, in build/perf/.
-deps-jit:
+deps-jit: deps
 	@tools/install-deps.sh jit
 
 tree: deps
@@ -75,8 +75,10 @@ demo-jit: nofp
 bench: build
 	@tools/bench.sh
 
+# --one-file-system: never into a fresh root's /dev or /sys that an
+# interrupted make test-fresh left mounted.
 clean:
-	rm -rf build
+	rm -rf --one-file-system build
 
 # Reliability (issue 6): CPython's regression suite with and without
 # PYTHONPERFSUPPORT=1 (about an hour on 2 cores), our tests on an

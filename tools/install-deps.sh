@@ -72,10 +72,22 @@ install_missing() {
     fi
     say "installing ${missing[*]}"
     export DEBIAN_FRONTEND=noninteractive
-    local log
+    local log changes
     log=$(mktemp)
-    if ! { apt-get update -qq && apt-get install -y -qq --no-install-recommends \
-            --no-upgrade "${missing[@]}"; } >"$log" 2>&1; then
+    local install=(apt-get install -y -qq --no-install-recommends --no-upgrade
+                   --no-remove "${missing[@]}")
+    # --no-upgrade covers only the packages named: refuse an install that
+    # would upgrade or remove anything already installed (a dependency).
+    apt-get update -qq >"$log" 2>&1 || { cat "$log" >&2; rm -f "$log"; return 1; }
+    changes=$("${install[@]}" -s 2>&1 | awk '/^Inst [^ ]+ \[/ || /^Remv /') || true
+    if [ -n "$changes" ]; then
+        rm -f "$log"
+        say "error: installing ${missing[*]} would change installed packages:"
+        echo "$changes" >&2
+        say "install them yourself if that is fine, then run this again"
+        return 1
+    fi
+    if ! "${install[@]}" >"$log" 2>&1; then
         cat "$log" >&2
         rm -f "$log"
         say "error: apt-get could not install ${missing[*]} (output above)"
@@ -99,12 +111,10 @@ download_backports_perf() {
     work=$(mktemp -d)
     trap 'rm -rf "$work"; trap - RETURN' RETURN
     mkdir -p "$work/lists/partial" "$work/parts" "$work/cache/archives/partial"
-    for m in $mirrors; do
-        case $m in
-        *security*) ;;
-        *) echo "deb $keyring$m $codename-backports main" ;;
-        esac
-    done >"$work/sources.list"
+    # The first Debian mirror that is not the security archive (another
+    # repository with "debian" in its URL has no backports suite).
+    m=$(echo "$mirrors" | awk '!/security/ && !found++')
+    echo "deb $keyring$m $codename-backports main" >"$work/sources.list"
     local opts=(-o "Dir::Etc::SourceList=$work/sources.list"
                 -o "Dir::Etc::SourceParts=$work/parts"
                 -o "Dir::State::Lists=$work/lists"

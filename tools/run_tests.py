@@ -103,6 +103,10 @@ def run_unit_module(module, log_dir):
     unit_counts.py; return (module, outcomes, log path, exit status)."""
     out = os.path.join(log_dir, module + ".json")
     log = os.path.join(log_dir, module + ".log")
+    try:
+        os.unlink(out)          # never read an earlier run's counts
+    except FileNotFoundError:
+        pass
     with open(log, "w") as f:
         proc = subprocess.run(
             [sys.executable, os.path.join(ROOT, "tools", "unit_counts.py"),

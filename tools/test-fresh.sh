@@ -39,6 +39,8 @@ say() { echo "test-fresh: $*" >&2; }
 die() { say "error: $*"; exit 1; }
 
 [ "$(id -u)" -eq 0 ] || die "needs root (debootstrap, chroot and mounts)"
+# /proc/self/mounts escapes white space: such a root could not be unmounted.
+[[ $CHROOT != *[[:space:]]* ]] || die "FRESH_DIR may not contain white space: $WORK"
 "$ROOT/tools/install-deps.sh" fresh
 
 mounts_under() {
@@ -58,6 +60,10 @@ remove_root() {
         fi
     done
     for m in $(mounts_under "$CHROOT"); do
+        # A slave first: if a signal came between --rbind and
+        # --make-rslave, unmounting a shared peer would unmount the
+        # host's own mounts under /sys or /dev.
+        mount --make-rslave "$m" 2>/dev/null || true
         umount "$m" 2>/dev/null || umount -l "$m" || true
     done
     if [ -n "$(mounts_under "$CHROOT")" ]; then
@@ -71,7 +77,9 @@ remove_root() {
 
 cleanup() {
     local status=$?
-    trap - EXIT INT TERM
+    # No second signal may interrupt the unmounting.
+    trap '' INT TERM
+    trap - EXIT
     remove_root || status=1
     exit $status
 }

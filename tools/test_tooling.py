@@ -127,6 +127,10 @@ class CountTests(unittest.TestCase):
                     for i in range(4):
                         with self.subTest(i=i):
                             self.assertLess(i, 2)
+                def test_subtest_skips(self):
+                    for i in range(2):
+                        with self.subTest(i=i):
+                            self.skipTest("skipped in a subtest")
 
             class SkippedClass(unittest.TestCase):
                 @classmethod
@@ -151,6 +155,17 @@ class CountTests(unittest.TestCase):
                 def test_d(self):
                     pass
             """,
+        # The same class under two names: its test runs twice, and the
+        # second run fails.
+        "sample_twice": """\
+            import unittest
+            RUNS = []
+            class Once(unittest.TestCase):
+                def test_g(self):
+                    RUNS.append(1)
+                    self.assertEqual(len(RUNS), 1, "second run")
+            Twice = Once
+            """,
         "sample_module_skip": """\
             import unittest
             def setUpModule():
@@ -163,7 +178,7 @@ class CountTests(unittest.TestCase):
             """,
     }
 
-    def count(self, module):
+    def count(self, module, status=0):
         with tempfile.TemporaryDirectory() as tmp:
             for name, source in self.MODULES.items():
                 with open(os.path.join(tmp, name + ".py"), "w") as f:
@@ -173,7 +188,7 @@ class CountTests(unittest.TestCase):
                 [sys.executable, os.path.join(TOOLS, "unit_counts.py"), out,
                  module], capture_output=True, text=True,
                 env={**os.environ, "PYTHONPATH": tmp})
-            self.assertEqual(proc.returncode, 0, proc.stderr)
+            self.assertEqual(proc.returncode, status, proc.stderr)
             with open(out) as f:
                 counts = json.load(f)
         return ({i.rsplit(".", 1)[-1] for i in counts["passed"]},
@@ -181,9 +196,10 @@ class CountTests(unittest.TestCase):
                 {i.rsplit(".", 1)[-1]: why for i, why in counts["skipped"]})
 
     def test_every_case_has_one_outcome(self):
-        passed, failed, skipped = self.count("sample_cases")
+        passed, failed, skipped = self.count("sample_cases", status=1)
         self.assertEqual(passed, {"test_pass", "test_d"})
         self.assertEqual(skipped, {"test_skip": "plain skip",
+                                   "test_subtest_skips": "skipped in a subtest",
                                    "test_a": "setUpClass: class skip",
                                    "test_b": "setUpClass: class skip"})
         self.assertEqual(set(failed), {
@@ -192,6 +208,12 @@ class CountTests(unittest.TestCase):
         self.assertIn("plain failure", failed["test_fail"])
         self.assertIn("class error", failed["test_c"])
         self.assertIn("teardown error", failed["BrokenTeardown)"])
+
+    def test_each_run_of_a_test_counts(self):
+        passed, failed, skipped = self.count("sample_twice", status=1)
+        self.assertEqual(passed, {"test_g"})
+        self.assertEqual(set(failed), {"test_g"})
+        self.assertIn("second run", failed["test_g"])
 
     def test_module_level_skip_covers_its_cases(self):
         passed, failed, skipped = self.count("sample_module_skip")

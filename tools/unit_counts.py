@@ -43,19 +43,20 @@ def iter_cases(suite):
 
 
 class CountingResult(unittest.TextTestResult):
-    """A TextTestResult that also keeps one outcome per test id."""
+    """A TextTestResult that also keeps the outcome of each test object
+    (not id: a class bound under two names runs its tests twice)."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self.outcomes = {}          # test id -> (kind, why)
+        self.outcomes = {}          # id(test) -> (kind, why)
+        self.subtest_failures = {}  # id(test) -> [[subtest id, why], ...]
+        self.subtest_skips = {}     # id(test) -> why
         self.fixtures = []          # (fixture, scope, kind, why)
-        self.extra_failures = []    # (id, why): subtests, teardown errors
 
     def _record(self, test, kind, why=""):
-        description = str(test)
-        match = FIXTURE_RE.match(description)
+        match = FIXTURE_RE.match(str(test))
         if isinstance(test, unittest.TestCase) or match is None:
-            self.outcomes.setdefault(test.id(), (kind, why))
+            self.outcomes.setdefault(id(test), (kind, why))
         else:
             self.fixtures.append((match.group(1), match.group(2), kind, why))
 
@@ -80,7 +81,11 @@ class CountingResult(unittest.TextTestResult):
 
     def addSkip(self, test, reason):
         super().addSkip(test, reason)
-        self._record(test, "skipped", reason)
+        if isinstance(test, unittest.case._SubTest):
+            # A skip inside subTest(): the test around it reports nothing.
+            self.subtest_skips.setdefault(id(test.test_case), reason)
+        else:
+            self._record(test, "skipped", reason)
 
     def addExpectedFailure(self, test, err):
         super().addExpectedFailure(test, err)
@@ -93,19 +98,31 @@ class CountingResult(unittest.TextTestResult):
     def addSubTest(self, test, subtest, err):
         super().addSubTest(test, subtest, err)
         if err is not None:
-            self.extra_failures.append((subtest.id(), self._why(err)))
+            self.subtest_failures.setdefault(id(test), []).append(
+                [subtest.id(), self._why(err)])
 
 
 def belongs_to(test_id, scope):
     return test_id == scope or test_id.startswith(scope + ".")
 
 
-def account(case_ids, result):
-    """One outcome per case id, plus failures not tied to one case."""
+def account(cases, result):
+    """One outcome per test case, plus failures not tied to one case."""
     passed, failed, skipped = [], [], []
     lists = {"passed": passed, "failed": failed, "skipped": skipped}
-    for test_id in case_ids:
-        kind, why = result.outcomes.get(test_id, (None, ""))
+    for case in cases:
+        test_id = case.id()
+        kind, why = result.outcomes.get(id(case), (None, ""))
+        subtest_failures = result.subtest_failures.get(id(case))
+        if subtest_failures:
+            # Each failing subtest counts; so does an error of the test's
+            # own body after them.
+            failed.extend(subtest_failures)
+            if kind == "failed":
+                failed.append([test_id, why])
+            continue
+        if kind is None and id(case) in result.subtest_skips:
+            kind, why = "skipped", result.subtest_skips[id(case)]
         if kind is None:
             # Never ran: its class or module did not set up.
             for fixture, scope, fkind, fwhy in result.fixtures:
@@ -122,13 +139,6 @@ def account(case_ids, result):
     for fixture, scope, kind, why in result.fixtures:
         if fixture.startswith("tearDown") and kind == "failed":
             failed.append([f"{fixture} ({scope})", why])
-    # A test whose subtests failed reported no outcome of its own; its
-    # failed subtests replace it.
-    subtest_parents = {i.split(" ", 1)[0] for i, _ in result.extra_failures}
-    failed[:] = [f for f in failed
-                 if not (f[0] in subtest_parents
-                         and f[1] == "did not run and reported nothing")]
-    failed.extend(list(f) for f in result.extra_failures)
     return {"passed": passed, "failed": failed, "skipped": skipped}
 
 
@@ -138,8 +148,8 @@ def run_module(name):
         suite = loader.loadTestsFromName(name)
     except unittest.SkipTest as exc:
         return {"passed": [], "failed": [], "skipped": [[name, str(exc)]],
-                "module_skipped": True}
-    case_ids = [case.id() for case in iter_cases(suite)]
+                "module_skipped": True, "successful": True}
+    cases = list(iter_cases(suite))
     runner = unittest.TextTestRunner(stream=sys.stdout, verbosity=2,
                                      resultclass=CountingResult)
     faulthandler.dump_traceback_later(MODULE_TIMEOUT, exit=True)
@@ -147,21 +157,27 @@ def run_module(name):
         result = runner.run(suite)
     finally:
         faulthandler.cancel_dump_traceback_later()
-    return account(case_ids, result)
+    counts = account(cases, result)
+    counts["successful"] = result.wasSuccessful()
+    return counts
 
 
 def main():
     out, *modules = sys.argv[1:]
     total = {"passed": [], "failed": [], "skipped": [],
              "module_skipped": False}
+    successful = True
     for name in modules:
         counts = run_module(name)
         for kind in ("passed", "failed", "skipped"):
             total[kind] += counts[kind]
         total["module_skipped"] |= counts.get("module_skipped", False)
+        successful &= counts["successful"]
     with open(out, "w", encoding="utf-8") as f:
         json.dump(total, f)
+    # unittest's own verdict too: the counts must never hide a failure.
+    return 0 if successful else 1
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
