@@ -18,7 +18,8 @@
 # downloaded (through a private sources list and lists directory, mirrors
 # taken from the machine's apt configuration) and unpacked under
 # build/perf/, and the shared libraries it needs that are missing are
-# installed from the release.  Nothing installed is upgraded.
+# installed from the release.  Nothing installed is removed, and nothing is
+# upgraded unless a package being installed needs its newer version.
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 
@@ -76,16 +77,16 @@ install_missing() {
     log=$(mktemp)
     local install=(apt-get install -y -qq --no-install-recommends --no-upgrade
                    --no-remove "${missing[@]}")
-    # --no-upgrade covers only the packages named: refuse an install that
-    # would upgrade or remove anything already installed (a dependency).
+    # Nothing is removed (--no-remove makes apt fail instead).  An installed
+    # package is upgraded only where a new one needs its newer version (a
+    # -dev package and its library, after a security update): apt's rule,
+    # said out loud.
     apt-get update -qq >"$log" 2>&1 || { cat "$log" >&2; rm -f "$log"; return 1; }
-    changes=$("${install[@]}" -s 2>&1 | awk '/^Inst [^ ]+ \[/ || /^Remv /') || true
+    changes=$("${install[@]}" -s 2>&1 |
+              awk '/^Inst [^ ]+ \[/ { print "    " $2 " " $3 " -> " $4 }') || true
     if [ -n "$changes" ]; then
-        rm -f "$log"
-        say "error: installing ${missing[*]} would change installed packages:"
+        say "the new packages need newer versions of these installed ones:"
         echo "$changes" >&2
-        say "install them yourself if that is fine, then run this again"
-        return 1
     fi
     if ! "${install[@]}" >"$log" 2>&1; then
         cat "$log" >&2
