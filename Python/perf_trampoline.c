@@ -625,8 +625,8 @@ _PyPerf_ForCallSlow(PyThreadState *tstate, PyCodeObject *co, uintptr_t sp)
     if (sp < _PyPerf_stack.limit || sp >= _PyPerf_stack.high) {
         return NULL;
     }
-    _PyPerf_Trampoline t = main_trampoline(tstate->interp, co);
-    return t != NULL ? t : trampoline_for_slow(tstate->interp, co);
+    /* _PyPerf_ForCall() already looked for the main interpreter's. */
+    return trampoline_for_slow(tstate->interp, co);
 }
 
 /* ----------------------------------------------------------------------
