@@ -15,10 +15,6 @@ NOFP_TREE := build/cpython-nofp
 NOFP_FLAGS := --without-frame-pointers --enable-shared \
 	LDFLAGS=-Wl,-rpath,$(CURDIR)/$(NOFP_TREE)
 
-# perf >= 6.8 for the perf_jit workflow, unpacked privately by
-# `make deps-jit`: the system's perf stays what it was.
-PRIVATE_PERF := build/perf/usr/bin/perf
-
 .PHONY: all build deps deps-jit tree export test test-fresh demo demo-jit nofp bench clean help
 
 all: build
@@ -57,8 +53,7 @@ nofp: deps-jit tree
 	@tools/build.sh $(NOFP_TREE) $(NOFP_FLAGS) $(CONFIGURE_FLAGS)
 
 test: build nofp
-	@PERF_NOFP_PYTHON=$(CURDIR)/$(NOFP_TREE)/python PERF=$(CURDIR)/$(PRIVATE_PERF) \
-		tools/run-tests.sh
+	@PERF_NOFP_PYTHON=$(CURDIR)/$(NOFP_TREE)/python tools/run-tests.sh
 
 # The README's two commands in a clean Debian 12 root (what CI runs).
 test-fresh:

@@ -139,7 +139,7 @@ download_backports_perf() {
 install_private_perf() {
     local dir deb deps
     perf_is_new_enough "$PRIVATE_PERF" && return 0
-    dir=$(dirname "$(dirname "$(dirname "$PRIVATE_PERF")")")
+    dir=$PRIVATE_PERF_DIR
     rm -rf "$dir.new"
     mkdir -p "$dir.new"
     deb=$dir.new/linux-perf.deb

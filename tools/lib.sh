@@ -9,7 +9,8 @@ OVERLAY_DIRS=(Doc Grammar Include Lib Mac Misc Modules Objects PC PCbuild
 GENERATED=(configure pyconfig.h.in)
 # perf >= 6.8 for the perf_jit workflow, unpacked from the backports
 # package by tools/install-deps.sh jit; the system's perf is not replaced.
-PRIVATE_PERF=$ROOT/build/perf/usr/bin/perf
+PRIVATE_PERF_DIR=$ROOT/build/perf
+PRIVATE_PERF=$PRIVATE_PERF_DIR/usr/bin/perf
 
 # tooling PYTHON COMMAND [ARG...]: a command of tools/tooling.py, the helpers
 # the Python tools share, run by PYTHON (any Python 3.8+).  -E: the caller's
