@@ -1251,6 +1251,25 @@ class StackSafetyTests(PerfTestCase):
 # function symbol and an FDE for every slot.
 GDB_TRAMPOLINE = "py_trampoline"
 
+# gdb's JIT interface (GDB manual, "JIT Compilation Interface"), for the C
+# programs below that stand in for another JIT.
+JIT_INTERFACE_C = """\
+#include <stdint.h>
+
+struct jit_code_entry {
+    struct jit_code_entry *next_entry;
+    struct jit_code_entry *prev_entry;
+    const char *symfile_addr;
+    uint64_t symfile_size;
+};
+struct jit_descriptor {
+    uint32_t version;
+    uint32_t action_flag;
+    struct jit_code_entry *relevant_entry;
+    struct jit_code_entry *first_entry;
+};
+"""
+
 GDB_OPTIONS = ("-batch", "-nx", "-iex", "set debuginfod enabled off",
                "-iex", "set auto-load no", "-ex", "set pagination off",
                "-ex", "set print frame-arguments none")
@@ -1461,22 +1480,9 @@ class GdbTests(PerfTestCase):
     OTHER_JIT = """\
 /* Another JIT in the process: its own gdb JIT interface pair, and one
    image (an object file with a function) registered through it. */
-#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-
-struct jit_code_entry {
-    struct jit_code_entry *next_entry;
-    struct jit_code_entry *prev_entry;
-    const char *symfile_addr;
-    uint64_t symfile_size;
-};
-struct jit_descriptor {
-    uint32_t version;
-    uint32_t action_flag;
-    struct jit_code_entry *relevant_entry;
-    struct jit_code_entry *first_entry;
-};
+""" + JIT_INTERFACE_C + """
 
 void __attribute__((noinline))
 __jit_debug_register_code(void)
@@ -1855,21 +1861,8 @@ class GdbJitSymbolTests(PerfTestCase):
 
     HOST = """\
 #include <Python.h>
-#include <stdint.h>
-
+""" + JIT_INTERFACE_C + """
 /* This program's own gdb JIT interface, as another JIT would define it. */
-struct jit_code_entry {
-    struct jit_code_entry *next_entry;
-    struct jit_code_entry *prev_entry;
-    const char *symfile_addr;
-    uint64_t symfile_size;
-};
-struct jit_descriptor {
-    uint32_t version;
-    uint32_t action_flag;
-    struct jit_code_entry *relevant_entry;
-    struct jit_code_entry *first_entry;
-};
 
 static int registrations;
 
