@@ -30,31 +30,30 @@
  * library; when it attaches to a running process, it walks the whole list.
  * Without a debugger the cost is building the image and one empty call.
  *
- * One image per chunk of slots.  An arena is filled with template copies at
- * every slot before it is made executable, and every copy runs the same
- * instructions.  So one image can describe many trampolines before they
- * are handed out: one FDE per slot, all with the template's CFA program
- * (Python/perf_unwind.c, the one the jitdump uses), and one function
- * symbol per slot.  The core (describe_to_debuggers()) registers
- * GDB_CHUNK_SIZE bytes of whole slots at a time (less at an arena's end),
- * as they come into use, so the cost follows use.  Nothing is ever
- * unregistered: arenas are never unmapped.
+ * One image per arena.  An arena is filled with template copies at every
+ * slot before it is made executable, and every copy runs the same
+ * instructions.  So one image describes all of an arena's trampolines,
+ * before they are handed out, and costs the same for 1 or 4000 of them:
+ * one FDE covering the arena, whose rules find the pc's offset in its slot
+ * and apply the template's rules for that offset (Python/perf_unwind.c,
+ * from the description the jitdump uses), and one function symbol
+ * covering the arena.  The core registers each arena when it maps it.
+ * Nothing is ever unregistered: arenas are never unmapped.
  *
- * The image, a relocatable ELF64 file for the host machine, for `count`
- * slots from address a:
+ * The image, a relocatable ELF64 file for the host machine, for the `size`
+ * bytes of slots from address a:
  *
  *     offset 0   +-----------------------------------------+
  *                | ELF header (ET_REL, no program headers) |
  *            64  +-----------------------------------------+
  *                | .eh_frame   CIE: "zR", absolute FDE     |
  *                |               pointers, initial rules   |
- *                |             FDE slot 0: [a, a + code)   |
- *                |             FDE slot 1: [a + s, ...)    |
- *                |             ...          one per slot   |
+ *                |             FDE: [a, a + size), rules   |
+ *                |               by offset in the slot     |
  *                |             zero terminator             |
  *                +-----------------------------------------+ (8-aligned)
  *                | .symtab     null symbol, then one local |
- *                |             FUNC symbol per slot        |
+ *                |             FUNC symbol: [a, a + size)  |
  *                | .strtab     "\0py_trampoline\0"         |
  *                | .shstrtab   section names               |
  *                +-----------------------------------------+ (8-aligned)
@@ -62,20 +61,18 @@
  *                |   .symtab, .strtab, .shstrtab           |
  *                +-----------------------------------------+
  *
- *     s: the slot size, code: the template size.
- *
  * .text has no bytes in the image (SHT_NOBITS): its address and size are
- * the slots', so gdb places the image's symbols and FDEs there and reads
+ * the slots', so gdb places the image's symbol and FDE there and reads
  * the instructions from the process.  gdb takes the sections' addresses as
  * absolute, and (ET_REL) a symbol's value is its offset in .text.  The FDE
  * pointers are absolute 8-byte addresses (DW_EH_PE_absptr): no pointer
  * depends on where the image itself lies.  .eh_frame is not SHF_ALLOC: it
  * is data for the debugger, not part of the process image.
  *
- * Memory.  Per slot, one FDE (4 length + 4 CIE pointer + 8 + 8 address
- * range + 1 augmentation size + the CFA program, padded to 8) and one
- * symbol (24 bytes); per image, a few hundred bytes of headers, CIE,
- * string tables and the list entry.
+ * Memory.  About 600 bytes per arena (headers, CIE, the FDE's rules,
+ * string tables, the list entry): nothing per trampoline.  Every frame of
+ * every trampoline of an arena is named py_trampoline; the Python function
+ * is in the frame above it (py-bt, or the perf map).
  *
  * The symbols.  gdb looks both names up in every object file: they have to
  * be these, with default visibility (in .dynsym, so a stripped python still
@@ -223,60 +220,33 @@ emit_padding(_PyPerf_Dwarf *b, size_t align)
     }
 }
 
-/* Bytes of the CIE and of one FDE, padding included: measured by
-   emitting them into an empty buffer. */
-static size_t
-cie_size(const _PyPerf_TemplateCFI *cfi)
-{
-    _PyPerf_Dwarf b = {.start = NULL, .size = 0};
-    _PyPerf_EmitCIE(&b, cfi, _PyPerf_DW_EH_PE_absptr);
-    return b.pos;
-}
-
-static size_t
-fde_size(const _PyPerf_TemplateCFI *cfi)
-{
-    _PyPerf_Dwarf b = {.start = NULL, .size = 0};
-    _PyPerf_EmitFDE(&b, 0, cfi, _PyPerf_DW_EH_PE_absptr, 0);
-    return b.pos;
-}
-
-/* .eh_frame: the CIE, one FDE per slot, a zero terminator. */
+/* .eh_frame: the CIE, one FDE for all the slots, a zero terminator. */
 static void
 emit_eh_frame(_PyPerf_Dwarf *b, const _PyPerf_TemplateCFI *cfi,
-              uintptr_t code, size_t count, size_t slot_size)
+              uintptr_t code, size_t size, size_t slot_size)
 {
     /* FDE addresses are absolute, 8 bytes: nothing depends on where the
        image itself lies. */
     size_t cie = _PyPerf_EmitCIE(b, cfi, _PyPerf_DW_EH_PE_absptr);
-    assert(b->pos - cie == cie_size(cfi));
-    for (size_t i = 0; i < count; i++) {
-        size_t fde = _PyPerf_EmitFDE(b, cie, cfi, _PyPerf_DW_EH_PE_absptr,
-                                     (int64_t)(code + i * slot_size));
-        (void)fde;
-        assert(b->pos - fde == fde_size(cfi));
-    }
+    _PyPerf_EmitSlotsFDE(b, cie, cfi, code, size, slot_size);
     _PyPerf_EmitU32(b, 0);                  /* terminator: a zero length */
 }
 
-/* .symtab: the null symbol, then one function per slot. */
+/* .symtab: the null symbol, then one function covering all the slots. */
 static void
-emit_symtab(_PyPerf_Dwarf *b, const _PyPerf_TemplateCFI *cfi, size_t count,
-            size_t slot_size)
+emit_symtab(_PyPerf_Dwarf *b, size_t size)
 {
     Elf64_Sym sym;
     memset(&sym, 0, sizeof(sym));
     _PyPerf_EmitBytes(b, &sym, sizeof(sym));
     sym.st_name = SYMBOL_NAME_OFFSET;
-    /* Local, as static functions are: many may share the name. */
+    /* Local, as static functions are: every image has one. */
     sym.st_info = ELF64_ST_INFO(STB_LOCAL, STT_FUNC);
     sym.st_other = STV_DEFAULT;
     sym.st_shndx = SEC_TEXT;
-    sym.st_size = cfi->code_size;
-    for (size_t i = 0; i < count; i++) {
-        sym.st_value = i * slot_size;       /* ET_REL: offset in .text */
-        _PyPerf_EmitBytes(b, &sym, sizeof(sym));
-    }
+    sym.st_value = 0;                       /* ET_REL: offset in .text */
+    sym.st_size = size;
+    _PyPerf_EmitBytes(b, &sym, sizeof(sym));
 }
 
 static Elf64_Shdr
@@ -295,22 +265,20 @@ section(int index, Elf64_Word type, Elf64_Xword flags, Elf64_Addr addr,
     return sh;
 }
 
-/* Build the image describing `count` slots of `slot_size` bytes at `code`
-   (`size` bytes of an arena) in one new block: a jit_code_entry, then the
-   image it points at (symfile_addr, symfile_size).  Returns the entry, or
-   NULL if it cannot be made. */
+/* Build the image describing the `size` bytes of slots (`slot_size` bytes
+   each) at `code` in one new block: a jit_code_entry, then the image it
+   points at (symfile_addr, symfile_size).  Returns the entry, or NULL if
+   it cannot be made. */
 static struct jit_code_entry *
 build_image(const _PyPerf_TemplateCFI *cfi, uintptr_t code, size_t size,
-            size_t slot_size, size_t count)
+            size_t slot_size)
 {
-    /* (Chunks are small: this only keeps the arithmetic below exact.) */
-    if (count > (size_t)INT32_MAX / (fde_size(cfi) + sizeof(Elf64_Sym))) {
-        return NULL;
-    }
+    _PyPerf_Dwarf m = {.start = NULL, .size = 0};
+    emit_eh_frame(&m, cfi, code, size, slot_size);
     size_t eh_frame_at = sizeof(Elf64_Ehdr);
-    size_t eh_frame_size = cie_size(cfi) + count * fde_size(cfi) + 4;
+    size_t eh_frame_size = m.pos;
     size_t symtab_at = _Py_SIZE_ROUND_UP(eh_frame_at + eh_frame_size, 8);
-    size_t symtab_size = (count + 1) * sizeof(Elf64_Sym);
+    size_t symtab_size = 2 * sizeof(Elf64_Sym);
     size_t strtab_at = symtab_at + symtab_size;
     size_t shstrtab_at = strtab_at + sizeof(strtab);
     size_t headers_at = _Py_SIZE_ROUND_UP(shstrtab_at + sizeof(shstrtab),
@@ -350,10 +318,10 @@ build_image(const _PyPerf_TemplateCFI *cfi, uintptr_t code, size_t size,
     eh.e_shstrndx = SEC_SHSTRTAB;
     _PyPerf_EmitBytes(&b, &eh, sizeof(eh));
 
-    emit_eh_frame(&b, cfi, code, count, slot_size);
+    emit_eh_frame(&b, cfi, code, size, slot_size);
     assert(b.pos == eh_frame_at + eh_frame_size);
     emit_padding(&b, 8);
-    emit_symtab(&b, cfi, count, slot_size);
+    emit_symtab(&b, size);
     _PyPerf_EmitBytes(&b, strtab, sizeof(strtab));
     _PyPerf_EmitBytes(&b, shstrtab, sizeof(shstrtab));
     emit_padding(&b, 8);
@@ -369,8 +337,7 @@ build_image(const _PyPerf_TemplateCFI *cfi, uintptr_t code, size_t size,
     sh[SEC_SYMTAB] = section(SEC_SYMTAB, SHT_SYMTAB, 0, 0, symtab_at,
                              symtab_size, 8);
     sh[SEC_SYMTAB].sh_link = SEC_STRTAB;
-    sh[SEC_SYMTAB].sh_info = (Elf64_Word)(count + 1);  /* first global:
-                                                          none */
+    sh[SEC_SYMTAB].sh_info = 2;     /* first global: none */
     sh[SEC_SYMTAB].sh_entsize = sizeof(Elf64_Sym);
     sh[SEC_STRTAB] = section(SEC_STRTAB, SHT_STRTAB, 0, 0, strtab_at,
                              sizeof(strtab), 1);
@@ -403,10 +370,9 @@ _PyPerf_GdbRegisterCode(const void *code, size_t size, size_t slot_size)
     {
         return;
     }
-    size_t count = size / slot_size;
     struct jit_code_entry *entry = build_image(&gdb_state.cfi,
                                                (uintptr_t)code, size,
-                                               slot_size, count);
+                                               slot_size);
     if (entry == NULL) {
         return;     /* only debuggers miss it */
     }

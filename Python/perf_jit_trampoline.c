@@ -266,11 +266,15 @@ unmap_marker(void)
     }
 }
 
-/* Create this process's dump: the header, and the marker mapping. */
+/* Create this process's dump, unless it has one (perhaps closed by the
+   program: reopened on use): the header, and the marker mapping. */
 static int
 open_dump(char *path, size_t path_size)
 {
     PyOS_snprintf(path, path_size, "/tmp/jit-%ld.dump", (long)getpid());
+    if (jitdump.file.path[0] != '\0') {
+        return 0;
+    }
     if (_PyPerf_FileOpen(&jitdump.file, path) < 0) {
         return -1;
     }
@@ -291,33 +295,14 @@ open_dump(char *path, size_t path_size)
     return 0;
 }
 
-/* Read exactly `size` bytes at `offset`. */
-static int
-read_exact(int fd, void *buf, size_t size, off_t offset)
-{
-    char *p = buf;
-    while (size > 0) {
-        ssize_t n = pread(fd, p, size, offset);
-        if (n < 0 && errno == EINTR) {
-            continue;
-        }
-        if (n <= 0) {
-            if (n == 0) {
-                errno = EIO;
-            }
-            return -1;
-        }
-        p += n;
-        size -= (size_t)n;
-        offset += n;
-    }
-    return 0;
-}
-
 /* In a forked child: copy the parent's records (from the parent's file,
    up to `end`) into ours.  They become the child's: its pid and tid in
    every code load, and the time of the copy, which follows the fork, so
-   perf places the child's mappings after it created the child. */
+   perf places the child's mappings after it created the child.  Read and
+   written COPY_CHUNK bytes at a time: a record per system call made a
+   fork of a large parent take a third of a second. */
+#define COPY_CHUNK (256 * 1024)
+
 static int
 copy_parent_records(const _PyPerf_File *parent, off_t end)
 {
@@ -325,46 +310,81 @@ copy_parent_records(const _PyPerf_File *parent, off_t end)
     if (in < 0) {
         return -1;
     }
-    char *record = jitdump.record;
+    char *buf = PyMem_RawMalloc(COPY_CHUNK);
+    if (buf == NULL) {
+        _PyPerf_CloseKeepErrno(in);
+        errno = ENOMEM;
+        return -1;
+    }
     uint32_t pid = (uint32_t)getpid();
     uint32_t tid = current_tid();
     uint64_t now = monotonic_ns();
     off_t offset = sizeof(jitdump_header);
+    size_t have = 0;            /* bytes in buf, from offset */
+    int res = 0;
     while (offset < end) {
-        record_prefix prefix;
-        if (read_exact(in, &prefix, sizeof(prefix), offset) < 0) {
-            goto error;
+        /* Fill the buffer after the part of a record left from the last
+           round. */
+        size_t want = (size_t)Py_MIN((off_t)(COPY_CHUNK - have),
+                                     end - offset - (off_t)have);
+        ssize_t n = want > 0 ? pread(in, buf + have, want,
+                                     offset + (off_t)have) : 0;
+        if (n < 0 && errno == EINTR) {
+            continue;
         }
-        if (prefix.total_size < sizeof(prefix)
-            || prefix.total_size > MAX_RECORD_SIZE
-            || offset + (off_t)prefix.total_size > end)
-        {
-            errno = EIO;        /* not a file we wrote */
-            goto error;
+        if (n < 0 || (n == 0 && want > 0)) {
+            if (n == 0) {
+                errno = EIO;
+            }
+            res = -1;
+            break;
         }
-        if (read_exact(in, record, prefix.total_size, offset) < 0) {
-            goto error;
+        have += (size_t)n;
+        /* Patch the whole records in the buffer. */
+        size_t pos = 0;
+        while (pos + sizeof(record_prefix) <= have) {
+            record_prefix prefix;
+            memcpy(&prefix, buf + pos, sizeof(prefix));
+            if (prefix.total_size < sizeof(prefix)
+                || prefix.total_size > MAX_RECORD_SIZE)
+            {
+                errno = EIO;        /* not a file we wrote */
+                res = -1;
+                break;
+            }
+            if (pos + prefix.total_size > have) {
+                break;
+            }
+            char *record = buf + pos;
+            memcpy(record + offsetof(record_prefix, timestamp), &now,
+                   sizeof(now));
+            if (prefix.id == JIT_CODE_LOAD) {
+                memcpy(record + offsetof(code_load_record, pid), &pid,
+                       sizeof(pid));
+                memcpy(record + offsetof(code_load_record, tid), &tid,
+                       sizeof(tid));
+            }
+            pos += prefix.total_size;
         }
-        /* (memcpy: the buffer has no particular alignment) */
-        memcpy(record + offsetof(record_prefix, timestamp), &now,
-               sizeof(now));
-        if (prefix.id == JIT_CODE_LOAD) {
-            memcpy(record + offsetof(code_load_record, pid), &pid,
-                   sizeof(pid));
-            memcpy(record + offsetof(code_load_record, tid), &tid,
-                   sizeof(tid));
+        if (res < 0) {
+            break;
         }
-        if (_PyPerf_FileAppend(&jitdump.file, record, prefix.total_size) < 0) {
-            goto error;
+        if (pos == 0) {
+            errno = EIO;            /* a record cut short at the end */
+            res = -1;
+            break;
         }
-        offset += prefix.total_size;
+        if (_PyPerf_FileAppend(&jitdump.file, buf, pos) < 0) {
+            res = -1;
+            break;
+        }
+        memmove(buf, buf + pos, have - pos);
+        have -= pos;
+        offset += (off_t)pos;
     }
-    close(in);
-    return 0;
-
-error:
+    PyMem_RawFree(buf);
     _PyPerf_CloseKeepErrno(in);
-    return -1;
+    return res;
 }
 
 /* ----------------------------------------------------------------------
@@ -374,13 +394,9 @@ error:
 static int
 jit_init(char *path, size_t path_size, int Py_UNUSED(at_startup))
 {
-    PyOS_snprintf(path, path_size, "/tmp/jit-%ld.dump", (long)getpid());
     if (init_unwind_info() < 0) {
+        PyOS_snprintf(path, path_size, "/tmp/jit-%ld.dump", (long)getpid());
         return -1;
-    }
-    if (jitdump.file.fd >= 0 || jitdump.file.size > 0) {
-        /* Open already (or closed by the program: reopened on use). */
-        return 0;
     }
     return open_dump(path, path_size);
 }
@@ -391,6 +407,10 @@ jit_write_entry(const void *code, size_t code_size,
 {
     if (code_size != jitdump.code_size) {
         errno = EINVAL;         /* not a copy of the described template */
+        return -1;
+    }
+    char path[64];
+    if (open_dump(path, sizeof(path)) < 0) {
         return -1;
     }
     /* Both records in one buffer and one _PyPerf_FileAppend(), so they are
@@ -454,16 +474,19 @@ jit_write_entry(const void *code, size_t code_size,
 }
 
 static int
-jit_after_fork_child(char *path, size_t path_size)
+jit_after_fork_child(char *path, size_t path_size, int copy)
 {
     _PyPerf_File parent;
     if (!_PyPerf_FileDetach(&jitdump.file, &parent)) {
         return 0;
     }
     unmap_marker();             /* the parent's file, too */
-    int res = open_dump(path, path_size);
-    if (res == 0) {
-        res = copy_parent_records(&parent, parent.size);
+    int res = 0;
+    if (copy) {
+        res = open_dump(path, path_size);
+        if (res == 0) {
+            res = copy_parent_records(&parent, parent.size);
+        }
     }
     _PyPerf_FileForget(&parent);
     return res;

@@ -66,22 +66,33 @@ append_hex(char *buf, size_t pos, uintptr_t value)
     return pos;
 }
 
+/* Open this process's map, unless it has one (perhaps closed by the
+   program: reopened on use). */
 static int
-perfmap_init(char *path, size_t path_size, int at_startup)
+open_map(char *path, size_t path_size)
 {
     PyOS_snprintf(path, path_size, "/tmp/perf-%ld.map", (long)getpid());
-    perfmap.gathering = at_startup;
-    if (perfmap.file.fd >= 0 || perfmap.file.size > 0) {
-        /* Open already (or closed by the program: reopened on use). */
+    if (perfmap.file.path[0] != '\0') {
         return 0;
     }
     return _PyPerf_FileOpen(&perfmap.file, path);
 }
 
 static int
+perfmap_init(char *path, size_t path_size, int at_startup)
+{
+    perfmap.gathering = at_startup;
+    return open_map(path, path_size);
+}
+
+static int
 perfmap_write_entry(const void *code, size_t code_size,
                     const char *name, size_t name_size)
 {
+    char path[64];
+    if (open_map(path, sizeof(path)) < 0) {
+        return -1;
+    }
     char *line = perfmap.line;
     size_t n = append_hex(line, 0, (uintptr_t)code);
     line[n++] = ' ';
@@ -105,20 +116,26 @@ perfmap_write_entry(const void *code, size_t code_size,
 }
 
 static int
-perfmap_after_fork_child(char *path, size_t path_size)
+perfmap_after_fork_child(char *path, size_t path_size, int copy)
 {
     _PyPerf_File parent;
     if (!_PyPerf_FileDetach(&perfmap.file, &parent)) {
         return 0;
     }
-    PyOS_snprintf(path, path_size, "/tmp/perf-%ld.map", (long)getpid());
-    int res = _PyPerf_FileOpen(&perfmap.file, path);
-    if (res == 0 && parent.size > 0) {
-        res = _PyPerf_CopyFile(&parent, parent.size, &perfmap.file);
+    int res = 0;
+    if (copy) {
+        res = open_map(path, path_size);
+        if (res == 0 && parent.size > 0) {
+            res = _PyPerf_CopyFile(&parent, parent.size, &perfmap.file);
+        }
+        if (res == 0) {
+            /* Lines the parent had not written yet: it will, to its
+               file. */
+            res = flush_startup_lines();
+        }
     }
-    if (res == 0) {
-        /* Lines the parent had not written yet: it will, to its file. */
-        res = flush_startup_lines();
+    else {
+        perfmap.gathered = 0;   /* inherited trampolines: not ours to name */
     }
     _PyPerf_FileForget(&parent);
     return res;

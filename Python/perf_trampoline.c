@@ -55,8 +55,8 @@
  * formats.  perf reads those files (perf report, perf inject) long after the
  * process is gone, so they are never removed.  A forked child has a new
  * pid, so it starts its own file holding everything it inherited.
- * Debuggers learn about slots GDB_CHUNK_SIZE bytes at a time, as they come
- * into use (Python/perf_gdb_jit.c, gdb's JIT interface).
+ * Debuggers learn about each arena as it is mapped (Python/perf_gdb_jit.c,
+ * gdb's JIT interface).
  *
  * Everything here runs with the GIL held (3.11 has one GIL for all
  * interpreters), which serializes all state changes and all file writes.
@@ -88,9 +88,6 @@
 
 /* Each trampoline starts on its own 16-byte boundary: branch targets. */
 #define SLOT_ALIGN 16
-
-/* Slots are described to gdb this many bytes at a time. */
-#define GDB_CHUNK_SIZE 4096
 
 /* Name budget in bytes (after escaping): a longer name is cut and ends in
    "...".  Keeps every entry one bounded line. */
@@ -144,7 +141,7 @@ struct _PyPerf_Interp {
 };
 typedef struct _PyPerf_Interp perf_interp;
 
-_PyPerf_Core _PyPerf_core = {.main_index = -1};
+_PyPerf_Core _PyPerf_core = {.main_index = -1, .fork_copy = 1};
 
 _PyPerf_TLS _PyPerf_Stack _PyPerf_stack;
 
@@ -198,8 +195,11 @@ new_arena(void)
     }
     __builtin___clear_cache(mem, mem + size);
     _PyPerf_core.next = mem;
-    _PyPerf_core.described = mem;
     _PyPerf_core.limit = mem + count * _PyPerf_core.slot_size;
+    /* Every slot holds a trampoline from now on: debuggers can be told
+       about the whole arena at once (Python/perf_gdb_jit.c). */
+    _PyPerf_GdbRegisterCode(mem, count * _PyPerf_core.slot_size,
+                            _PyPerf_core.slot_size);
     return 0;
 }
 
@@ -227,24 +227,6 @@ init_arenas(void)
     return 0;
 }
 
-/* Every slot of an arena holds a trampoline from the start, so gdb can be
-   told about them ahead of use (Python/perf_gdb_jit.c); that is done
-   GDB_CHUNK_SIZE bytes of whole slots at a time (less at an arena's end),
-   as they are handed out, so that its cost follows use. */
-static void
-describe_to_debuggers(void)
-{
-    size_t chunk = _Py_SIZE_ROUND_UP(GDB_CHUNK_SIZE, _PyPerf_core.slot_size);
-    char *end = _PyPerf_core.described
-                + _Py_SIZE_ROUND_UP(_PyPerf_core.next - _PyPerf_core.described,
-                                    chunk);
-    end = Py_MIN(end, _PyPerf_core.limit);
-    _PyPerf_GdbRegisterCode(_PyPerf_core.described,
-                            end - _PyPerf_core.described,
-                            _PyPerf_core.slot_size);
-    _PyPerf_core.described = end;
-}
-
 /* Hand out a trampoline that owns `span` bytes of address space: one slot,
    or several consecutive ones (the first holds the trampoline). */
 static char *
@@ -262,9 +244,6 @@ new_slot(size_t span)
     }
     char *slot = _PyPerf_core.next;
     _PyPerf_core.next += size;
-    if (_PyPerf_core.next > _PyPerf_core.described) {
-        describe_to_debuggers();
-    }
     return slot;
 }
 
@@ -397,7 +376,9 @@ report_failure(const char *what)
 static _PyPerf_Trampoline
 assign_trampoline(PyCodeObject *co, const perf_interp *pi)
 {
-    if (_PyPerf_core.arena_status != _PyPerf_ARENAS_OK) {
+    if (_PyPerf_core.arena_status != _PyPerf_ARENAS_OK
+        || _PyPerf_core.no_new)
+    {
         return NULL;
     }
     Py_ssize_t index = pi->extra_index[backend_number(pi->backend)];
@@ -780,17 +761,79 @@ _PyPerf_FiniInterp(PyInterpreterState *interp)
     _PyPerf_core.interp_count--;
 }
 
-void
-_PyPerf_AfterForkChild(void)
+/* Make `pi`'s trampolines for its active backend anew: a new co_extra
+   index, so every function gets a new trampoline on its next call. */
+static int
+renew_trampolines(PyInterpreterState *interp, perf_interp *pi)
 {
+    Py_ssize_t index = _PyEval_RequestCodeExtraIndex(NULL);
+    if (index < 0) {
+        return -1;
+    }
+    pi->extra_index[backend_number(pi->backend)] = index;
+    if (interp->id == 0) {
+        _PyPerf_core.main_index = index;
+    }
+    return 0;
+}
+
+/* A forked child has a pid of its own, so perf looks for files of its own.
+   Where trampolines are active in the child, its files start as a copy of
+   the parent's, so that the trampolines it inherited keep their names,
+   except:
+
+   - in a child that is about to exec (_PyPerf_ChildWillExec()): the copy
+     would be thrown away.  It makes no new trampolines (the at-fork
+     hooks and preexec_fn run as without perf), so it writes nothing.
+   - with copying turned off (-X perf_fork_copy=0, for servers that fork
+     many workers from a large parent): the child's files describe only
+     what it makes from now on, and it makes a new trampoline for every
+     function on its first call there (a co_extra index per generation;
+     the copy is the fallback when none is left).
+
+   Where they are not active, nothing is written: if the child activates
+   them later, its functions get new trampolines, in files of its own. */
+void
+_PyPerf_AfterForkChild(PyThreadState *tstate)
+{
+    int will_exec = _PyPerf_core.child_will_exec;
+    _PyPerf_core.child_will_exec = 0;
+    _PyPerf_core.no_new = will_exec;
+    perf_interp *pi = find_interp(tstate->interp);
+    const _PyPerf_Backend *active = pi != NULL ? pi->backend : NULL;
+    int copy = (active != NULL && !will_exec && _PyPerf_core.fork_copy);
+    if (active != NULL && !will_exec && !copy
+        && renew_trampolines(tstate->interp, pi) < 0)
+    {
+        copy = 1;
+    }
+    /* Trampolines of backends that are not active are not in the child's
+       files: forget them (new ones are made if it activates one). */
+    for (size_t i = 0; i < _PyPerf_core.interp_count; i++) {
+        perf_interp *other = &_PyPerf_core.interps[i];
+        for (int b = 0; b < BACKEND_COUNT; b++) {
+            if (backends[b].backend != other->backend) {
+                other->extra_index[b] = -1;
+            }
+        }
+    }
     for (int i = 0; i < BACKEND_COUNT; i++) {
+        const _PyPerf_Backend *backend = backends[i].backend;
         char path[256];
         path[0] = '\0';
-        if (backends[i].backend->after_fork_child(path, sizeof(path)) < 0) {
+        if (backend->after_fork_child(path, sizeof(path),
+                                      copy && backend == active) < 0)
+        {
             _PyPerf_Warn("cannot start %s for the child process: %s",
                          path, strerror(errno));
         }
     }
+}
+
+void
+_PyPerf_ChildWillExec(void)
+{
+    _PyPerf_core.child_will_exec = 1;
 }
 
 /* The interpreter finished starting: backends write what they gathered. */
@@ -836,7 +879,12 @@ _PyPerf_FiniInterp(PyInterpreterState *interp)
 }
 
 void
-_PyPerf_AfterForkChild(void)
+_PyPerf_AfterForkChild(PyThreadState *tstate)
+{
+}
+
+void
+_PyPerf_ChildWillExec(void)
 {
 }
 
@@ -860,6 +908,17 @@ _PyPerf_InitFromConfig(PyThreadState *tstate)
     const char *backend = _PyPerf_ConfigBackend(config, &warning);
     if (warning != NULL && main_interp) {
         PySys_FormatStderr("Python perf trampolines: %s\n", warning);
+    }
+    if (main_interp) {
+        int copy = _PyPerf_ConfigForkCopy(config, &warning);
+        if (warning != NULL) {
+            PySys_FormatStderr("Python perf trampolines: %s\n", warning);
+        }
+#ifdef PY_HAVE_PERF_TRAMPOLINE
+        _PyPerf_core.fork_copy = copy;
+#else
+        (void)copy;
+#endif
     }
     if (backend == NULL) {
         return _PyStatus_OK();

@@ -7,7 +7,8 @@
  * the stack.  Trampolines are made at run time and have none in the
  * interpreter's .eh_frame, so they get it from here: the jitdump backend
  * (Python/perf_jit_trampoline.c) writes it into every unwinding record,
- * and the gdb JIT images (Python/perf_gdb_jit.c) carry it for every slot.
+ * and the gdb JIT images (Python/perf_gdb_jit.c) carry it, as rows, for
+ * every slot of an arena at once (see "Many copies, one FDE" below).
  * One description, two containers.
  *
  * The rules must match the template (Python/asm_trampoline.S)
@@ -57,6 +58,26 @@
 #define DW_CFA_advance_loc          0x40    /* | delta (6 bits) */
 #define DW_CFA_offset               0x80    /* | register (6 bits) */
 #define DW_CFA_restore              0xc0    /* | register (6 bits) */
+#define DW_CFA_def_cfa_expression   0x0f
+#define DW_CFA_val_expression       0x16
+
+/* DWARF expression operations (DWARF 5, section 2.5) */
+#define DW_OP_deref                 0x06
+#define DW_OP_const8u               0x0e
+#define DW_OP_constu                0x10
+#define DW_OP_dup                   0x12
+#define DW_OP_drop                  0x13
+#define DW_OP_minus                 0x1c
+#define DW_OP_mod                   0x1d
+#define DW_OP_bra                   0x28
+#define DW_OP_lt                    0x2d
+#define DW_OP_skip                  0x2f
+#define DW_OP_lit0                  0x30
+#define DW_OP_breg0                 0x70    /* + register (0-31) */
+#define DW_OP_bregx                 0x92
+
+/* aarch64's pseudo-register for the return address's signing state */
+#define AARCH64_RA_SIGN_STATE       34
 
 /* CIE version of .eh_frame (LSB) */
 #define CIE_VERSION                 1
@@ -88,8 +109,9 @@ typedef struct {
     uint8_t code_align;         /* CIE code alignment factor */
     int8_t data_align;          /* CIE data alignment factor */
     uint8_t ra_column;          /* DWARF column of the return address */
-    uint8_t sp_reg;             /* DWARF numbers of sp and fp */
+    uint8_t sp_reg;             /* DWARF numbers of sp, fp and pc */
     uint8_t fp_reg;
+    uint8_t pc_reg;
     uint8_t entry_cfa_offset;   /* CFA - sp at the first instruction */
     uint8_t frame_record_size;  /* bytes the frame record push takes */
     uint8_t push_saves_ra;      /* the frame record holds the return
@@ -116,6 +138,7 @@ static const unwind_arch x86_64_arch = {
     .ra_column = 16,            /* the return address "register" */
     .sp_reg = 7,                /* %rsp */
     .fp_reg = 6,                /* %rbp */
+    .pc_reg = 16,               /* %rip */
     .entry_cfa_offset = 8,
     .frame_record_size = 8,     /* push %rbp: the return address is
                                    already on the stack */
@@ -146,6 +169,7 @@ static const unwind_arch aarch64_arch = {
     .ra_column = 30,            /* x30, the link register */
     .sp_reg = 31,
     .fp_reg = 29,
+    .pc_reg = 32,
     .entry_cfa_offset = 0,
     .frame_record_size = 16,    /* x29 and x30 */
     .push_saves_ra = 1,
@@ -344,6 +368,210 @@ _PyPerf_EmitFDE(_PyPerf_Dwarf *b, size_t cie, const _PyPerf_TemplateCFI *cfi,
 }
 
 /* ----------------------------------------------------------------------
+ * Many copies, one FDE
+ *
+ * gdb needs call frame information for every trampoline it meets on a
+ * stack.  An FDE per trampoline would cost more than the trampoline (about
+ * 40 bytes each, built whether a debugger ever comes or not), so one FDE
+ * covers a whole arena.  Its rules are DWARF expressions that find the
+ * pc's offset in its slot and, from it, the template's row:
+ *
+ *     off = (pc - start) % slot_size
+ *     CFA = off < rows[0].end ? <rule of row 0>
+ *         : off < rows[1].end ? <rule of row 1> : ...
+ *
+ * and the same for the caller's fp, the return address and (aarch64) its
+ * signing state, each as DW_CFA_val_expression.  A row's rule is a short
+ * expression; the choice is a chain of tests and branches.
+ */
+
+/* One row's rule: a few DWARF expression operations. */
+typedef struct {
+    uint8_t code[16];
+    size_t size;
+} row_rule;
+
+static void
+emit_breg(_PyPerf_Dwarf *b, unsigned int reg, int64_t offset)
+{
+    if (reg < 32) {
+        _PyPerf_EmitU8(b, (uint8_t)(DW_OP_breg0 + reg));
+    }
+    else {
+        _PyPerf_EmitU8(b, DW_OP_bregx);
+        emit_uleb128(b, reg);
+    }
+    emit_sleb128(b, offset);
+}
+
+typedef enum {
+    RULE_CFA,           /* the CFA: nothing on the stack */
+    RULE_FP,            /* val_expression rules: the CFA on the stack */
+    RULE_RA,
+    RULE_RA_SIGNED,
+} rule_kind;
+
+static row_rule
+make_rule(const _PyPerf_TemplateCFI *cfi, const _PyPerf_FrameRow *row,
+          rule_kind kind, unsigned int ra_reg)
+{
+    row_rule rule;
+    _PyPerf_Dwarf b = {.start = rule.code, .size = sizeof(rule.code)};
+    unsigned int below = kind == RULE_FP ? row->fp_below_cfa
+                                         : row->ra_below_cfa;
+    switch (kind) {
+    case RULE_CFA:
+        emit_breg(&b, row->cfa_reg, row->cfa_offset);
+        break;
+    case RULE_FP:
+    case RULE_RA:
+        if (below != 0) {
+            /* saved at CFA - below */
+            _PyPerf_EmitU8(&b, DW_OP_constu);
+            emit_uleb128(&b, below);
+            _PyPerf_EmitU8(&b, DW_OP_minus);
+            _PyPerf_EmitU8(&b, DW_OP_deref);
+        }
+        else {
+            /* still in its register */
+            _PyPerf_EmitU8(&b, DW_OP_drop);
+            emit_breg(&b, kind == RULE_FP ? cfi->fp_reg : ra_reg, 0);
+        }
+        break;
+    case RULE_RA_SIGNED:
+        _PyPerf_EmitU8(&b, DW_OP_drop);
+        _PyPerf_EmitU8(&b, (uint8_t)(DW_OP_lit0 + (row->ra_signed != 0)));
+        break;
+    }
+    assert(!_PyPerf_DWARF_OVERFLOWED(&b));
+    rule.size = b.pos;
+    return rule;
+}
+
+static void
+emit_u16(_PyPerf_Dwarf *b, int16_t v)
+{
+    _PyPerf_EmitU8(b, (uint8_t)((uint16_t)v & 0xff));
+    _PyPerf_EmitU8(b, (uint8_t)((uint16_t)v >> 8));
+}
+
+/* The expression that picks `kind`'s rule by the pc's offset in its slot.
+   Laid out as: off; the tests (dup, end, lt, bra: one per row but the
+   last); the last row's rule; the other rows' rules; each rule but the
+   final one skips to the end. */
+static void
+emit_row_choice(_PyPerf_Dwarf *b, const _PyPerf_TemplateCFI *cfi,
+                rule_kind kind, uint64_t start, size_t slot_size)
+{
+    size_t n = cfi->row_count;
+    row_rule rules[Py_ARRAY_LENGTH(cfi->rows)];
+    for (size_t i = 0; i < n; i++) {
+        rules[i] = make_rule(cfi, &cfi->rows[i], kind, cfi->ra_column);
+    }
+    /* off = (pc - start) % slot_size */
+    emit_breg(b, cfi->pc_reg, 0);
+    _PyPerf_EmitU8(b, DW_OP_const8u);
+    emit_u64(b, start);
+    _PyPerf_EmitU8(b, DW_OP_minus);
+    _PyPerf_EmitU8(b, DW_OP_constu);
+    emit_uleb128(b, slot_size);
+    _PyPerf_EmitU8(b, DW_OP_mod);
+
+    /* Each case: drop off, the rule, a skip (3 bytes) unless final.
+       Order of the cases: n - 1, 0, 1, ..., n - 2. */
+    size_t case_size[Py_ARRAY_LENGTH(cfi->rows)];
+    for (size_t i = 0; i < n; i++) {
+        int final = (n == 1) || (i == n - 2);
+        case_size[i] = 1 + rules[i].size + (final ? 0 : 3);
+    }
+    size_t tests_end = 0;       /* relative to the first test */
+    size_t test_end[Py_ARRAY_LENGTH(cfi->rows)];
+    for (size_t i = 0; i + 1 < n; i++) {
+        _PyPerf_Dwarf m = {.start = NULL, .size = 0};
+        emit_uleb128(&m, cfi->rows[i].end);
+        tests_end += 3 + m.pos + 3;     /* dup, constu, end, lt, bra */
+        test_end[i] = tests_end;
+    }
+    size_t case_at[Py_ARRAY_LENGTH(cfi->rows)];
+    size_t pos = tests_end;
+    case_at[n - 1] = pos;
+    pos += case_size[n - 1];
+    for (size_t i = 0; i + 1 < n; i++) {
+        case_at[i] = pos;
+        pos += case_size[i];
+    }
+    size_t end = pos;
+
+    size_t base = b->pos;
+    (void)base;                 /* for the asserts */
+    for (size_t i = 0; i + 1 < n; i++) {
+        _PyPerf_EmitU8(b, DW_OP_dup);
+        _PyPerf_EmitU8(b, DW_OP_constu);
+        emit_uleb128(b, cfi->rows[i].end);
+        _PyPerf_EmitU8(b, DW_OP_lt);
+        _PyPerf_EmitU8(b, DW_OP_bra);
+        emit_u16(b, (int16_t)(case_at[i] - test_end[i]));
+        assert(b->pos - base == test_end[i] || _PyPerf_DWARF_OVERFLOWED(b));
+    }
+    for (size_t k = 0; k < n; k++) {
+        size_t i = k == 0 ? n - 1 : k - 1;
+        _PyPerf_EmitU8(b, DW_OP_drop);
+        _PyPerf_EmitBytes(b, rules[i].code, rules[i].size);
+        if (k + 1 < n) {
+            _PyPerf_EmitU8(b, DW_OP_skip);
+            emit_u16(b, (int16_t)(end - (case_at[i] + case_size[i])));
+        }
+    }
+    assert(b->pos - base == end || _PyPerf_DWARF_OVERFLOWED(b));
+}
+
+/* A DW_CFA_def_cfa_expression or DW_CFA_val_expression instruction with
+   the row choice for `kind`: its length first, measured. */
+static void
+emit_rule_instruction(_PyPerf_Dwarf *b, const _PyPerf_TemplateCFI *cfi,
+                      rule_kind kind, unsigned int reg, uint64_t start,
+                      size_t slot_size)
+{
+    _PyPerf_Dwarf m = {.start = NULL, .size = 0};
+    emit_row_choice(&m, cfi, kind, start, slot_size);
+    if (kind == RULE_CFA) {
+        _PyPerf_EmitU8(b, DW_CFA_def_cfa_expression);
+    }
+    else {
+        _PyPerf_EmitU8(b, DW_CFA_val_expression);
+        emit_uleb128(b, reg);
+    }
+    emit_uleb128(b, m.pos);
+    emit_row_choice(b, cfi, kind, start, slot_size);
+}
+
+size_t
+_PyPerf_EmitSlotsFDE(_PyPerf_Dwarf *b, size_t cie,
+                     const _PyPerf_TemplateCFI *cfi, uint64_t start,
+                     size_t size, size_t slot_size)
+{
+    size_t fde = begin_block(b);
+    _PyPerf_EmitU32(b, (uint32_t)(b->pos - cie));
+    emit_u64(b, start);
+    emit_u64(b, size);
+    emit_uleb128(b, 0);              /* augmentation data size */
+    emit_rule_instruction(b, cfi, RULE_CFA, 0, start, slot_size);
+    emit_rule_instruction(b, cfi, RULE_FP, cfi->fp_reg, start, slot_size);
+    emit_rule_instruction(b, cfi, RULE_RA, cfi->ra_column, start,
+                          slot_size);
+    int signs = 0;
+    for (size_t i = 0; i < cfi->row_count; i++) {
+        signs |= cfi->rows[i].ra_signed;
+    }
+    if (signs) {
+        emit_rule_instruction(b, cfi, RULE_RA_SIGNED, AARCH64_RA_SIGN_STATE,
+                              start, slot_size);
+    }
+    end_block(b, fde);
+    return fde;
+}
+
+/* ----------------------------------------------------------------------
  * The description
  */
 
@@ -425,6 +653,60 @@ emit_frame_change(_PyPerf_Dwarf *b, const unwind_arch *arch,
 #undef FACTORED
 }
 
+/* The same rules as the CFA programs, as rows.  Returns -1 if they do not
+   fit cfi->rows. */
+static int
+describe_rows(const unwind_arch *arch, const frame_change *changes,
+              Py_ssize_t nchanges, _PyPerf_TemplateCFI *cfi)
+{
+    unsigned frame_top = arch->entry_cfa_offset + arch->frame_record_size;
+    _PyPerf_FrameRow row = {
+        .cfa_reg = arch->sp_reg,
+        .cfa_offset = arch->entry_cfa_offset,
+        .ra_below_cfa = arch->push_saves_ra ? 0 : 8,
+    };
+    size_t n = 0;
+    for (Py_ssize_t i = 0; i <= nchanges; i++) {
+        row.end = i < nchanges ? changes[i].offset : cfi->code_size;
+        if (n == Py_ARRAY_LENGTH(cfi->rows)) {
+            return -1;
+        }
+        cfi->rows[n++] = row;
+        if (i == nchanges) {
+            break;
+        }
+        switch (changes[i].step) {
+        case STEP_PUSH_FRAME:
+            row.cfa_offset = frame_top;
+            row.fp_below_cfa = frame_top;
+            if (arch->push_saves_ra) {
+                row.ra_below_cfa = frame_top - 8;
+            }
+            break;
+        case STEP_SET_FP:
+            row.cfa_reg = arch->fp_reg;
+            break;
+        case STEP_POP_FRAME:
+            row.cfa_reg = arch->sp_reg;
+            row.cfa_offset = arch->entry_cfa_offset;
+            row.fp_below_cfa = 0;
+            if (arch->push_saves_ra) {
+                row.ra_below_cfa = 0;
+            }
+            break;
+        case STEP_TOGGLE_RA_SIGNED:
+            row.ra_signed = !row.ra_signed;
+            break;
+        case STEP_NONE:
+            break;
+        }
+    }
+    cfi->row_count = n;
+    cfi->pc_reg = arch->pc_reg;
+    cfi->fp_reg = arch->fp_reg;
+    return 0;
+}
+
 static const unwind_arch *
 find_arch(unsigned int elf_machine)
 {
@@ -483,7 +765,9 @@ _PyPerf_DescribeCode(unsigned int elf_machine, const uint8_t *code,
         emit_frame_change(&b, arch, changes[i].step);
     }
     cfi->program_size = b.pos;
-    if (overflow || _PyPerf_DWARF_OVERFLOWED(&b)) {
+    if (overflow || _PyPerf_DWARF_OVERFLOWED(&b)
+        || describe_rows(arch, changes, nchanges, cfi) < 0)
+    {
         errno = ENOSPC;
         return -1;
     }

@@ -66,7 +66,10 @@ extern int _PyPerf_IsActive(PyThreadState *tstate);
 extern PyStatus _PyPerf_InitFromConfig(PyThreadState *tstate);
 extern void _PyPerf_StartupDone(void);
 extern void _PyPerf_FiniInterp(PyInterpreterState *interp);
-extern void _PyPerf_AfterForkChild(void);
+extern void _PyPerf_AfterForkChild(PyThreadState *tstate);
+/* In a forked child that will exec (_posixsubprocess with preexec_fn):
+   called before PyOS_AfterFork_Child(), so that no files are copied. */
+PyAPI_FUNC(void) _PyPerf_ChildWillExec(void);
 
 /* The backend -X perf, -X perf_jit and their environment variables ask for
    ("perf", "perf_jit"), or NULL.  A value that is not understood never
@@ -74,6 +77,10 @@ extern void _PyPerf_AfterForkChild(void);
    taken.  (Python/initconfig.c) */
 extern const char *_PyPerf_ConfigBackend(const PyConfig *config,
                                          const char **warning);
+/* Whether a forked child copies the parent's files (-X perf_fork_copy,
+   PYTHON_PERF_FORK_COPY; default 1), with *warning as above. */
+extern int _PyPerf_ConfigForkCopy(const PyConfig *config,
+                                  const char **warning);
 
 #ifdef PY_HAVE_PERF_TRAMPOLINE
 
@@ -87,9 +94,11 @@ typedef struct {
     /* Describe a new trampoline of code_size bytes at code. */
     int (*write_entry)(const void *code, size_t code_size,
                        const char *name, size_t name_size);
-    /* In a forked child: start the child's own output, covering every
-       trampoline described before the fork.  No-op if never initialized. */
-    int (*after_fork_child)(char *path, size_t path_size);
+    /* In a forked child: let go of the parent's output.  If `copy`, start
+       the child's own, covering every trampoline described before the
+       fork; otherwise write_entry starts it, empty.  No-op if never
+       initialized. */
+    int (*after_fork_child)(char *path, size_t path_size, int copy);
     /* Optional: startup is over, write what was gathered. */
     int (*startup_done)(void);
     /* Optional: bytes of address space, from its start, that a trampoline
@@ -123,9 +132,11 @@ typedef struct {
     size_t code_size;           /* bytes of the template */
     size_t slot_size;           /* code_size rounded up to a slot */
     char *next;                 /* next free slot of the current arena */
-    char *described;            /* end of what gdb was told about */
     char *limit;                /* end of the current arena */
     int warned;                 /* a run-time failure was reported */
+    int fork_copy;              /* see _PyPerf_AfterForkChild() */
+    int child_will_exec;
+    int no_new;                 /* a child about to exec: no new trampolines */
     struct _PyPerf_Interp *interps;   /* interpreters that activated */
     size_t interp_count;
     /* A new trampoline's name is made here, not on the C stack: that can
@@ -232,8 +243,21 @@ extern int _PyPerf_CopyFile(const _PyPerf_File *from, off_t size,
 
 /* ---- Unwind description and DWARF (Python/perf_unwind.c) --------------- */
 
+/* The rules of one stretch of the template, up to byte `end`: where the
+   CFA is, and where the caller's fp and return address are. */
+typedef struct {
+    size_t end;
+    unsigned int cfa_reg;
+    unsigned int cfa_offset;
+    unsigned int fp_below_cfa;  /* saved at CFA - this; 0: still in fp */
+    unsigned int ra_below_cfa;  /* saved at CFA - this; 0: still in the
+                                   return address register */
+    int ra_signed;              /* aarch64: the return address is signed */
+} _PyPerf_FrameRow;
+
 /* The template's DWARF call frame information: the two CFA programs the
-   jitdump's and the gdb images' tables are built around. */
+   jitdump's tables are built around, and the same rules as rows, for the
+   gdb images' tables. */
 typedef struct {
     unsigned int elf_machine;
     size_t code_size;           /* bytes of the template: an FDE's range */
@@ -246,13 +270,19 @@ typedef struct {
     /* FDE instructions: the rules' changes through the template */
     uint8_t program[64];
     size_t program_size;
+    /* The rows, in order; the last ends at code_size. */
+    _PyPerf_FrameRow rows[8];
+    size_t row_count;
+    unsigned int pc_reg;        /* DWARF numbers of the pc and of fp */
+    unsigned int fp_reg;
 } _PyPerf_TemplateCFI;
 
 /* Describe `code`, a copy of the template for `elf_machine`.  Returns 0, or
    -1 with errno set (ENOEXEC: the code does not match the description,
    also reported on stderr if `warn`; EINVAL: unknown machine; ENOSPC: the
-   description does not fit `cfi`).  (This and _PyPerf_BuildEhFrame are
-   exported for _testinternalcapi.) */
+   description does not fit `cfi`).  (This, _PyPerf_EmitCIE,
+   _PyPerf_EmitSlotsFDE and _PyPerf_BuildEhFrame are exported for
+   _testinternalcapi.) */
 PyAPI_FUNC(int) _PyPerf_DescribeCode(unsigned int elf_machine,
                                      const uint8_t *code, size_t code_size,
                                      _PyPerf_TemplateCFI *cfi, int warn);
@@ -280,15 +310,24 @@ extern void _PyPerf_EmitU8(_PyPerf_Dwarf *b, uint8_t v);
 extern void _PyPerf_EmitU32(_PyPerf_Dwarf *b, uint32_t v);
 /* A CIE for `cfi` whose FDEs encode pc_begin as `pointer_encoding`
    (absptr: 8 bytes; pcrel|sdata4: 4).  Returns the CIE's offset. */
-extern size_t _PyPerf_EmitCIE(_PyPerf_Dwarf *b,
-                              const _PyPerf_TemplateCFI *cfi,
-                              uint8_t pointer_encoding);
+PyAPI_FUNC(size_t) _PyPerf_EmitCIE(_PyPerf_Dwarf *b,
+                                   const _PyPerf_TemplateCFI *cfi,
+                                   uint8_t pointer_encoding);
 /* An FDE for the CIE at `cie`, covering cfi->code_size bytes from
    `pc_begin`: an absolute address, or for pcrel the distance from this
    FDE's pc_begin field to the code.  Returns the FDE's offset. */
 extern size_t _PyPerf_EmitFDE(_PyPerf_Dwarf *b, size_t cie,
                               const _PyPerf_TemplateCFI *cfi,
                               uint8_t pointer_encoding, int64_t pc_begin);
+
+/* An FDE (absolute pointers) covering `size` bytes from `start`, filled
+   with copies of the template every `slot_size` bytes from `start`, all
+   described by one set of rules that pick the row from the pc's offset
+   in its slot.  Returns the FDE's offset. */
+PyAPI_FUNC(size_t) _PyPerf_EmitSlotsFDE(_PyPerf_Dwarf *b, size_t cie,
+                                        const _PyPerf_TemplateCFI *cfi,
+                                        uint64_t start, size_t size,
+                                        size_t slot_size);
 
 /* What the jitdump puts in an unwinding record for the template: .eh_frame
    then .eh_frame_hdr, for code lying `text_gap` bytes before .eh_frame.

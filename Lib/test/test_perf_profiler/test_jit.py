@@ -360,6 +360,101 @@ class FrameModel:
         return f"{self.cfa[0]}+{self.cfa[1]}"
 
 
+# ----------------------------------------------------------------------
+# The gdb images' rules: one FDE for many template copies
+
+def uleb128(data, pos):
+    value = shift = 0
+    while True:
+        byte = data[pos]
+        pos += 1
+        value |= (byte & 0x7f) << shift
+        shift += 7
+        if byte < 0x80:
+            return value, pos
+
+
+def sleb128(data, pos):
+    start = pos
+    value, pos = uleb128(data, pos)
+    bits = 7 * (pos - start)
+    if value & (1 << (bits - 1)):
+        value -= 1 << bits
+    return value, pos
+
+
+def eval_dwarf_expr(expr, regs, stack):
+    """Run a DWARF expression with the operations Python/perf_unwind.c
+    uses.  regs: DWARF register number -> value.  A dereference gives
+    ("mem", address): the tests compare addresses, not memory."""
+    pos = 0
+    while pos < len(expr):
+        op = expr[pos]
+        pos += 1
+        if 0x70 <= op <= 0x8f or op == 0x92:        # DW_OP_breg*
+            if op == 0x92:
+                reg, pos = uleb128(expr, pos)
+            else:
+                reg = op - 0x70
+            offset, pos = sleb128(expr, pos)
+            stack.append(regs[reg] + offset)
+        elif op == 0x0e:                            # DW_OP_const8u
+            stack.append(int.from_bytes(expr[pos:pos + 8], "little"))
+            pos += 8
+        elif op == 0x10:                            # DW_OP_constu
+            value, pos = uleb128(expr, pos)
+            stack.append(value)
+        elif 0x30 <= op <= 0x4f:                    # DW_OP_lit*
+            stack.append(op - 0x30)
+        elif op == 0x12:                            # DW_OP_dup
+            stack.append(stack[-1])
+        elif op == 0x13:                            # DW_OP_drop
+            stack.pop()
+        elif op in (0x1c, 0x1d, 0x2d):              # minus, mod, lt
+            b, a = stack.pop(), stack.pop()
+            stack.append({0x1c: lambda: (a - b) % 2**64,
+                          0x1d: lambda: a % b,
+                          0x2d: lambda: int(a < b)}[op]())
+        elif op == 0x06:                            # DW_OP_deref
+            stack.append(("mem", stack.pop()))
+        elif op in (0x28, 0x2f):                    # DW_OP_bra, DW_OP_skip
+            offset = int.from_bytes(expr[pos:pos + 2], "little", signed=True)
+            pos += 2
+            if op == 0x2f or stack.pop() != 0:
+                pos += offset
+        else:
+            raise ValueError(f"unexpected DWARF operation {op:#x}")
+    return stack[-1]
+
+
+def parse_slot_rules(data):
+    """(pc_begin, pc_range, {column: expression}) of the FDE after the CIE
+    in `data`; the CFA's expression under the key "cfa"."""
+    cie_length = int.from_bytes(data[0:4], "little")
+    fde = 4 + cie_length
+    length = int.from_bytes(data[fde:fde + 4], "little")
+    begin, size = struct.unpack_from("<QQ", data, fde + 8)
+    aug, pos = uleb128(data, fde + 24)
+    pos += aug
+    end = fde + 4 + length
+    rules = {}
+    while pos < end:
+        op = data[pos]
+        pos += 1
+        if op == 0x00:                              # DW_CFA_nop
+            continue
+        if op == 0x16:                              # DW_CFA_val_expression
+            column, pos = uleb128(data, pos)
+        elif op == 0x0f:                            # def_cfa_expression
+            column = "cfa"
+        else:
+            raise ValueError(f"unexpected CFA instruction {op:#x}")
+        n, pos = uleb128(data, pos)
+        rules[column] = data[pos:pos + n]
+        pos += n
+    return begin, size, rules
+
+
 def unwind_info_from_c(machine, code):
     """The unwind tables Python/perf_unwind.c makes for `code` (a template
     for ELF machine `machine`), through _testinternalcapi.
@@ -422,7 +517,54 @@ class UnwindCheck:
             if model.toggle:
                 toggles.append(address + size)
         self.assertEqual(frames.ra_state_toggles, toggles)
+        self.check_slot_rules(machine, code, insns)
         return insns
+
+    def check_slot_rules(self, machine, code, insns):
+        """The gdb images' one FDE for many copies of `code`."""
+        slot = (len(code) + 15) & ~15
+        start = 0x7f1234560010
+        data = _testinternalcapi.perf_slot_rules(machine, code, start,
+                                                 100 * slot, slot)
+        check_slot_fde(self, machine, insns, data, start, 100 * slot, slot)
+
+
+def check_slot_fde(testcase, machine, insns, data, start, size, slot):
+    """`data` holds a CIE and an FDE covering `size` bytes of template
+    copies every `slot` bytes from `start` (insns: the template's
+    disassembly, at TEXT_ADDRESS).  At every instruction of several slots,
+    the FDE's rules must give what the frame model says."""
+    x86 = machine == EM_X86_64
+    regnum = ({"rsp": 7, "rbp": 6} if x86 else {"sp": 31, "x29": 29})
+    fp, ra, pc = (6, 16, 16) if x86 else (29, 30, 32)
+    begin, fde_size, rules = parse_slot_rules(data)
+    testcase.assertEqual((begin, fde_size), (start, size))
+    model = FrameModel(machine)
+    signed = False
+    count = size // slot
+    for address, _, text in insns:
+        for k in sorted({0, 1, count // 3, count - 1}):
+            regs = {regnum[name]: value for name, value in
+                    zip(regnum, (0x7ffd0000, 0x7ffe0000))}
+            regs[30] = 0x4444
+            regs[pc] = start + k * slot + address - TEXT_ADDRESS
+            cfa = regs[regnum[model.cfa[0]]] + model.cfa[1]
+            expected = {"cfa": cfa}
+            for column, name in ((fp, "rbp" if x86 else "x29"), (ra, "ra")):
+                rule = model.rules.get(name)
+                expected[column] = (("mem", cfa - int(rule[2:]))
+                                    if rule else regs[column])
+            if not x86:
+                expected[34] = int(signed)
+            with testcase.subTest(slot=k, address=hex(address), insn=text):
+                got = {"cfa": eval_dwarf_expr(rules["cfa"], regs, [])}
+                for column in rules.keys() - {"cfa"}:
+                    got[column] = eval_dwarf_expr(rules[column], regs, [cfa])
+                if 34 not in rules and not x86:
+                    got[34] = 0
+                testcase.assertEqual(got, expected)
+        model.step(text)
+        signed ^= model.toggle
 
 
 # ----------------------------------------------------------------------
@@ -693,8 +835,7 @@ class JitdumpTests(UnwindCheck, JitTestCase):
                                                                  path)])
                 self.assertFalse(map_written_since(pid, started))
 
-    def test_fork(self):
-        source = script("""\
+    FORK_SCRIPT = script("""\
             print(os.getpid(), flush=True)
             middle(3)
             # Everything made so far is in the file: one write() each.
@@ -717,7 +858,11 @@ class JitdumpTests(UnwindCheck, JitTestCase):
             only_parent()
             print(status, size)
         """)
-        pid, lines = self.run_nofp(source, "-X", "perf_jit")
+
+    def run_fork(self, *args):
+        """Run FORK_SCRIPT; return (parent pid, child pid, parent's dump
+        size at the fork, path of the script)."""
+        pid, lines = self.run_nofp(self.FORK_SCRIPT, "-X", "perf_jit", *args)
         child_line, parent_line = lines
         status, size = map(int, parent_line.split())
         self.assertEqual(status, 0)
@@ -726,13 +871,15 @@ class JitdumpTests(UnwindCheck, JitTestCase):
         self.files.add_pid(child)
         # The child maps its own dump, not the parent's.
         self.assertEqual(child_dumps, [jitdump_path(child)])
+        return pid, child, size, os.path.join(self.tmpdir, "script.py")
 
+    def test_fork(self):
+        pid, child, size, path = self.run_fork()
         _, parent_records = read_jitdump(pid)
         header, child_records = read_jitdump(child)
         self.assertEqual(header.pid, child)
         parent_loads = [r for r in parent_records if isinstance(r, CodeLoad)]
         child_loads = [r for r in child_records if isinstance(r, CodeLoad)]
-        path = os.path.join(self.tmpdir, "script.py")
         parent_names = [r.name for r in self.script_loads(parent_records,
                                                           path)]
         child_names = [r.name for r in self.script_loads(child_records,
@@ -759,6 +906,26 @@ class JitdumpTests(UnwindCheck, JitTestCase):
                          list(range(len(child_loads))))
         stamps = [header.timestamp] + [r.timestamp for r in child_records]
         self.assertEqual(stamps, sorted(stamps))
+        self.assertTrue(all(isinstance(r, Unwinding)
+                            for r in child_records[0::2]))
+
+    def test_fork_copy_off(self):
+        # The child's dump starts empty and holds new trampolines for what
+        # it calls; the parent's records are not copied.
+        pid, child, size, path = self.run_fork("-X", "perf_fork_copy=0")
+        header, child_records = read_jitdump(child)
+        self.assertEqual(header.pid, child)
+        self.assertEqual([r.name for r in self.script_loads(child_records,
+                                                            path)],
+                         [f"py::only_child:{path}"])
+        with open(jitdump_path(pid), "rb") as f:
+            _, before_fork = parse_jitdump(f.read(size))
+        child_loads = [r for r in child_records if isinstance(r, CodeLoad)]
+        self.assertLess(len(child_loads), 30)
+        self.assertFalse({r.code_addr for r in before_fork
+                          if isinstance(r, CodeLoad)}
+                         & {r.code_addr for r in child_loads})
+        self.assertTrue(all(r.pid == child for r in child_loads))
         self.assertTrue(all(isinstance(r, Unwinding)
                             for r in child_records[0::2]))
 

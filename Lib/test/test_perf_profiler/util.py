@@ -38,7 +38,8 @@ from typing import NamedTuple
 from test import support
 
 # Environment variables that switch trampolines on at startup.
-PERF_ENV_VARS = ("PYTHONPERFSUPPORT", "PYTHON_PERF_JIT_SUPPORT")
+PERF_ENV_VARS = ("PYTHONPERFSUPPORT", "PYTHON_PERF_JIT_SUPPORT",
+                 "PYTHON_PERF_FORK_COPY")
 
 # One line of a perf map written by the interpreter: hex without "0x".
 MAP_LINE_RE = re.compile(r"^([0-9a-f]+) ([0-9a-f]+) (py::.+)$")
