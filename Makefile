@@ -15,7 +15,11 @@ NOFP_TREE := build/cpython-nofp
 NOFP_FLAGS := --without-frame-pointers --enable-shared \
 	LDFLAGS=-Wl,-rpath,$(CURDIR)/$(NOFP_TREE)
 
-.PHONY: all build deps deps-jit tree export test test-fresh demo demo-jit nofp bench clean help
+# make dist: the overlay, patches/ and the regenerated configure as one
+# patch for the pristine source.
+DIST_PATCH := build/dist/cpython-3.11.2-perf-trampolines.patch
+
+.PHONY: all build deps deps-jit tree export dist test test-fresh demo demo-jit nofp bench clean help
 
 all: build
 
@@ -28,6 +32,7 @@ help:
 	@echo "make bench      benchmarks: stock 3.11.2 vs ours (perf off/on) vs upstream"
 	@echo "make tree       (re)assemble $(TREE) from the pristine source + overlay + patches"
 	@echo "make export     write edits in $(TREE) back to the overlay and patches/"
+	@echo "make dist       write $(DIST_PATCH) (patch -p1 on pristine 3.11.2)"
 	@echo "make deps       install missing Debian build dependencies (as root)"
 	@echo "make clean      remove build/"
 
@@ -51,6 +56,9 @@ build: tree
 nofp: deps-jit tree
 	@TREE=$(NOFP_TREE) tools/assemble.sh
 	@tools/build.sh $(NOFP_TREE) $(NOFP_FLAGS) $(CONFIGURE_FLAGS)
+
+dist: deps
+	@tools/dist.sh $(DIST_PATCH)
 
 test: build nofp
 	@PERF_NOFP_PYTHON=$(CURDIR)/$(NOFP_TREE)/python tools/run-tests.sh
