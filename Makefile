@@ -16,10 +16,14 @@ NOFP_FLAGS := --without-frame-pointers --enable-shared \
 	LDFLAGS=-Wl,-rpath,$(CURDIR)/$(NOFP_TREE)
 
 # make dist: the overlay, patches/ and the regenerated configure as one
-# patch for the pristine source.
+# patch for the pristine source.  make install builds that patch applied
+# to the pristine source, configured for PREFIX, in a tree of its own
+# (tools/install.sh says why), and installs it as `make altinstall` does.
 DIST_PATCH := build/dist/cpython-3.11.2-perf-trampolines.patch
+PREFIX    ?= /usr/local
+DESTDIR   ?=
 
-.PHONY: all build deps deps-jit tree export dist test test-fresh demo demo-jit nofp bench clean help
+.PHONY: all build deps deps-jit tree export dist install test test-fresh demo demo-jit nofp bench clean help
 
 all: build
 
@@ -33,6 +37,7 @@ help:
 	@echo "make tree       (re)assemble $(TREE) from the pristine source + overlay + patches"
 	@echo "make export     write edits in $(TREE) back to the overlay and patches/"
 	@echo "make dist       write $(DIST_PATCH) (patch -p1 on pristine 3.11.2)"
+	@echo "make install    build for PREFIX ($(PREFIX)) and install python3.11 there, as altinstall does"
 	@echo "make deps       install missing Debian build dependencies (as root)"
 	@echo "make clean      remove build/"
 
@@ -59,6 +64,9 @@ nofp: deps-jit tree
 
 dist: deps
 	@tools/dist.sh $(DIST_PATCH)
+
+install: dist
+	@tools/install.sh $(DIST_PATCH) "$(PREFIX)" "$(DESTDIR)" $(CONFIGURE_FLAGS)
 
 test: build nofp
 	@PERF_NOFP_PYTHON=$(CURDIR)/$(NOFP_TREE)/python tools/run-tests.sh
