@@ -15,7 +15,15 @@ NOFP_TREE := build/cpython-nofp
 NOFP_FLAGS := --without-frame-pointers --enable-shared \
 	LDFLAGS=-Wl,-rpath,$(CURDIR)/$(NOFP_TREE)
 
-.PHONY: all build deps deps-jit tree export test test-fresh demo demo-jit nofp bench clean help
+# make dist: the overlay, patches/ and the regenerated configure as one
+# patch for the pristine source.  make install builds that patch applied
+# to the pristine source, configured for PREFIX, in a tree of its own
+# (tools/install.sh says why), and installs it as `make altinstall` does.
+DIST_PATCH := build/dist/cpython-3.11.2-perf-trampolines.patch
+PREFIX    ?= /usr/local
+DESTDIR   ?=
+
+.PHONY: all build deps deps-jit tree export dist install test test-fresh demo demo-jit nofp bench clean help
 
 all: build
 
@@ -28,6 +36,8 @@ help:
 	@echo "make bench      benchmarks: stock 3.11.2 vs ours (perf off/on) vs upstream"
 	@echo "make tree       (re)assemble $(TREE) from the pristine source + overlay + patches"
 	@echo "make export     write edits in $(TREE) back to the overlay and patches/"
+	@echo "make dist       write $(DIST_PATCH) (patch -p1 on pristine 3.11.2)"
+	@echo "make install    build for PREFIX ($(PREFIX)) and install python3.11 there, as altinstall does"
 	@echo "make deps       install missing Debian build dependencies (as root)"
 	@echo "make clean      remove build/"
 
@@ -51,6 +61,12 @@ build: tree
 nofp: deps-jit tree
 	@TREE=$(NOFP_TREE) tools/assemble.sh
 	@tools/build.sh $(NOFP_TREE) $(NOFP_FLAGS) $(CONFIGURE_FLAGS)
+
+dist: deps
+	@tools/dist.sh $(DIST_PATCH)
+
+install: dist
+	@tools/install.sh $(DIST_PATCH) "$(PREFIX)" "$(DESTDIR)" $(CONFIGURE_FLAGS)
 
 test: build nofp
 	@PERF_NOFP_PYTHON=$(CURDIR)/$(NOFP_TREE)/python tools/run-tests.sh

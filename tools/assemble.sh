@@ -15,9 +15,7 @@ new_tree() {
     local tarball
     tarball=$("$ROOT/tools/fetch-source.sh")
     say "unpacking $(basename "$tarball") into $TREE"
-    rm -rf "$TREE"
-    mkdir -p "$TREE"
-    tar -xzf "$tarball" -C "$TREE" --strip-components=1
+    unpack_source "$tarball" "$TREE"
     git_t init -q
     git_t config user.name "perf-trampolines"
     git_t config user.email "perf-trampolines@localhost"

@@ -28,9 +28,7 @@ if [ -x "$DIR/python" ] && [ "$(cat "$STAMP" 2>/dev/null)" = "$want" ]; then
 fi
 
 say "unpacking $tarball into $DIR"
-rm -rf "$DIR"
-mkdir -p "$DIR"
-tar -xzf "$tarball" -C "$DIR" --strip-components=1
+unpack_source "$tarball" "$DIR"
 
 start=$SECONDS
 BUILD_JOBS=$NPROC "$ROOT/tools/build.sh" "$DIR" CFLAGS="$FLAGS"

@@ -1,9 +1,10 @@
 #!/bin/bash
 # Write the changes in build/cpython against its pristine tag back to the
 # repository: new files to the overlay at their CPython paths, each changed
-# upstream file to patches/<path>.patch.  Output is deterministic (sorted,
-# no index lines, no timestamps) and files are only rewritten when their
-# content changes, so exporting an unchanged tree changes nothing.
+# upstream file to patches/<path>.patch.  Output is deterministic (sorted;
+# lib.sh's tree_diff: no index lines, no timestamps) and files are only
+# rewritten when their content changes, so exporting an unchanged tree
+# changes nothing.
 #   --check   write nothing; exit 1 if the repository differs from the tree.
 #   --hash    write nothing; print the hash of what export would write.
 set -euo pipefail
@@ -43,9 +44,7 @@ while IFS=$'\t' read -r status path <&3; do
         cp -p "$TREE/$path" "$stage/$path"
     else
         mkdir -p "$stage/patches/$(dirname "$path")"
-        git_t diff --no-color --no-ext-diff --no-renames --src-prefix=a/ \
-            --dst-prefix=b/ pristine -- "$path" |
-            sed '/^index [0-9a-f]*\.\.[0-9a-f]*/d' >"$stage/patches/$path.patch"
+        tree_diff pristine -- "$path" >"$stage/patches/$path.patch"
     fi
 done 3<<<"$changes"
 

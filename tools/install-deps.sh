@@ -23,7 +23,7 @@
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 
-PACKAGES=(build-essential pkg-config autoconf2.69 git libffi-dev zlib1g-dev
+PACKAGES=(build-essential pkg-config autoconf2.69 git patch libffi-dev zlib1g-dev
           libssl-dev libbz2-dev liblzma-dev libsqlite3-dev libreadline-dev
           libncurses-dev uuid-dev libgdbm-dev libgdbm-compat-dev gdb
           linux-perf binutils gcc-aarch64-linux-gnu libc6-dev-arm64-cross

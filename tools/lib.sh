@@ -48,6 +48,26 @@ inputs_hash() {
     done | sha256sum | cut -c1-64
 }
 
+# unpack_source TARBALL DIR: DIR becomes a fresh copy of the unpacked
+# source (whatever DIR held is removed).
+unpack_source() {
+    rm -rf "$2"
+    mkdir -p "$2"
+    tar -xzf "$1" -C "$2" --strip-components=1
+}
+
+# tree_diff [GIT DIFF ARGS...]: git diff in $TREE as a patch for `patch
+# -p1` or `git apply`, the same on every machine: without the user's and
+# the system's git configuration (diff.algorithm, diff.orderFile, ...), a/
+# and b/ prefixes, no renames, no index lines (their abbreviated hashes
+# may vary with what else the tree's repository holds).
+tree_diff() {
+    GIT_CONFIG_GLOBAL=/dev/null GIT_CONFIG_NOSYSTEM=1 \
+        git -C "$TREE" diff --no-color --no-ext-diff --no-renames \
+        --src-prefix=a/ --dst-prefix=b/ "$@" |
+        sed '/^index [0-9a-f]*\.\.[0-9a-f]*/d'
+}
+
 # Debian mirrors named by the machine's apt configuration (deb822 and
 # one-line formats, binary and source entries).
 apt_mirrors() {

@@ -1,7 +1,7 @@
-"""Tests of the tree tooling: fetch, assemble and export.
+"""Tests of the tree tooling: fetch, assemble, export, dist and install.
 
-They work on a throwaway tree (TREE=<tmp>) so the developer's build/cpython
-is never touched, and never write to the repository: the throwaway tree is
+They work on throwaway trees (TREE=<tmp>) so the developer's build/ is
+never touched, and never write to the repository: the throwaway tree is
 assembled from the repository itself, so exporting it must change nothing.
 """
 
@@ -107,6 +107,141 @@ class TreeTests(unittest.TestCase):
         proc = run("assemble.sh", "--force", env=self.env)
         self.assertEqual(proc.returncode, 0, proc.stderr)
         self.assertEqual(os.stat(path).st_mtime_ns, mtime)
+
+
+class DistInstallTests(unittest.TestCase):
+    """make dist and make install, checked by one build: the dist patch
+    applied to the pristine source (as make install does), configured for a
+    temporary prefix, built and installed under DESTDIR as a packager
+    would, then moved to its prefix and run there and from a venv."""
+
+    # Run as `python PROBE [activate]`: with "activate" it switches
+    # trampolines on itself, before probe() first runs.
+    PROBE = """\
+        import sys
+
+        def probe():
+            return sum(range(100))
+
+        if sys.argv[1:] == ["activate"]:
+            sys.activate_stack_trampoline("perf")
+        probe()
+        """
+
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = os.path.realpath(tempfile.mkdtemp(prefix="perf-install-"))
+        try:
+            cls.dist_and_install()
+        except BaseException:
+            shutil.rmtree(cls.tmp)
+            raise
+
+    @classmethod
+    def dist_and_install(cls):
+        cls.patch = os.path.join(cls.tmp, "dist", "perf.patch")
+        cls.prefix = os.path.join(cls.tmp, "prefix")
+        stage = os.path.join(cls.tmp, "stage")
+        for proc in (
+                run("dist.sh", cls.patch,
+                    env={"TREE": os.path.join(cls.tmp, "cpython-dist")}),
+                run("install.sh", cls.patch, cls.prefix, stage,
+                    env={"TREE": os.path.join(cls.tmp, "cpython-install")})):
+            if proc.returncode != 0:
+                raise AssertionError(f"{proc.args[0]} failed: {proc.stderr}")
+        cls.prefix_written = os.path.exists(cls.prefix)
+        os.rename(stage + cls.prefix, cls.prefix)
+        cls.python = os.path.join(cls.prefix, "bin", "python3.11")
+
+    @classmethod
+    def tearDownClass(cls):
+        shutil.rmtree(cls.tmp)
+
+    def probe_names(self, python, *options, activate=False):
+        """Run `python <options> PROBE [activate]`; return the names its
+        perf map gives to the probe's functions."""
+        from test.test_perf_profiler.util import (
+            TIMEOUT, ProfilerFiles, clean_env, read_map, write_script)
+        with tempfile.TemporaryDirectory() as tmp:
+            script = write_script(tmp, self.PROBE, "probe.py")
+            args = [python, *options, script]
+            if activate:
+                args.append("activate")
+            files = ProfilerFiles(markers=[tmp])
+            proc = subprocess.Popen(args, stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, text=True,
+                                    env=clean_env())
+            files.add_pid(proc.pid)
+            try:
+                _, stderr = proc.communicate(timeout=TIMEOUT)
+                self.assertEqual(proc.returncode, 0, stderr)
+                return [entry.qualname for entry in read_map(proc.pid)
+                        if entry.filename == script]
+            finally:
+                files.cleanup()
+
+    def test_patch_holds_the_whole_project(self):
+        listing = subprocess.run(
+            ["bash", "-c", '. "$1" && overlay_files && patch_files && '
+             'printf "%s\\n" "${GENERATED[@]}"', "-",
+             os.path.join(TOOLS, "lib.sh")],
+            capture_output=True, text=True, check=True).stdout.split()
+        expected = {path[len("patches/"):-len(".patch")]
+                    if path.startswith("patches/") else path
+                    for path in listing}
+        with open(self.patch) as f:
+            files = {line.split()[2][len("a/"):] for line in f
+                     if line.startswith("diff --git ")}
+        self.assertEqual(files, expected)
+
+    def test_patch_is_deterministic(self):
+        # Another tree, assembled later at another path: the same bytes.
+        again = os.path.join(self.tmp, "again.patch")
+        proc = run("dist.sh", again,
+                   env={"TREE": os.path.join(self.tmp, "cpython-dist2")})
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        with open(self.patch, "rb") as first, open(again, "rb") as second:
+            self.assertEqual(first.read(), second.read())
+
+    def test_only_versioned_names_are_installed(self):
+        # altinstall: python3.11, pip3.11, ...; never python3 or python.
+        names = os.listdir(os.path.join(self.prefix, "bin"))
+        self.assertIn("python3.11", names)
+        self.assertIn("pip3.11", names)
+        self.assertEqual([n for n in names if "3.11" not in n], [])
+
+    def test_destdir_is_honoured(self):
+        self.assertFalse(self.prefix_written,
+                         "make altinstall wrote to PREFIX, not DESTDIR")
+
+    def test_installed_python_names_python_functions(self):
+        self.assertIn("probe", self.probe_names(self.python, "-X", "perf"))
+
+    def test_venv_with_pip_names_python_functions(self):
+        venv = os.path.join(self.tmp, "venv")
+        # ensurepip installs pip from the wheels the source bundles.
+        proc = subprocess.run([self.python, "-m", "venv", venv],
+                              capture_output=True, text=True)
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        python = os.path.join(venv, "bin", "python")
+        bundled = subprocess.run(
+            [python, "-c", "import ensurepip; print(ensurepip.version())"],
+            capture_output=True, text=True, check=True).stdout.strip()
+        proc = subprocess.run([python, "-m", "pip", "--version"],
+                              capture_output=True, text=True)
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        site_packages = os.path.join(venv, "lib", "python3.11",
+                                     "site-packages")
+        self.assertTrue(proc.stdout.startswith(
+            f"pip {bundled} from {site_packages}"), proc.stdout)
+        self.assertIn("probe", self.probe_names(python, "-X", "perf"))
+        self.assertIn("probe", self.probe_names(python, activate=True))
+
+    def test_relative_prefix_is_refused(self):
+        proc = run("install.sh", self.patch, "relative/prefix", "",
+                   env={"TREE": os.path.join(self.tmp, "unused")})
+        self.assertEqual(proc.returncode, 1)
+        self.assertIn("absolute", proc.stderr)
 
 
 class CountTests(unittest.TestCase):
