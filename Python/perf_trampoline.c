@@ -708,6 +708,7 @@ activate(PyThreadState *tstate, const char *name, int at_startup)
     pi->backend = backend;
     if (interp->id == 0) {
         _PyPerf_core.main_index = pi->extra_index[b];
+        _PyPerf_remote.active = b + 1;
     }
     _PyInterpreterState_SetEvalFrameFunc(interp, _PyPerf_EvalFrame);
     return 0;
@@ -733,6 +734,7 @@ _PyPerf_Deactivate(PyThreadState *tstate)
     }
     if (interp->id == 0) {
         _PyPerf_core.main_index = -1;
+        _PyPerf_remote.active = 0;
     }
     return 0;
 }
@@ -755,6 +757,8 @@ _PyPerf_FiniInterp(PyInterpreterState *interp)
     }
     if (interp->id == 0) {
         _PyPerf_core.main_index = -1;
+        _PyPerf_remote.active = 0;
+        _PyPerf_remote.eval_breaker = NULL;
     }
     size_t i = pi - _PyPerf_core.interps;
     memmove(pi, pi + 1, (_PyPerf_core.interp_count - i - 1) * sizeof(*pi));
@@ -798,6 +802,7 @@ _PyPerf_AfterForkChild(PyThreadState *tstate)
 {
     int will_exec = _PyPerf_core.child_will_exec;
     _PyPerf_core.child_will_exec = 0;
+    _PyPerf_remote.request = _PyPerf_REQUEST_NONE;  /* was for the parent */
     _PyPerf_core.no_new = will_exec;
     perf_interp *pi = find_interp(tstate->interp);
     const _PyPerf_Backend *active = pi != NULL ? pi->backend : NULL;
@@ -850,7 +855,76 @@ _PyPerf_StartupDone(void)
     }
 }
 
+/* ----------------------------------------------------------------------
+ * Requests from another process (Lib/perf_trampoline.py)
+ */
+
+/* Why the request failed, as an errno value for the tool. */
+static int
+request_error(PyObject *exc)
+{
+    if (PyErr_GivenExceptionMatches(exc, PyExc_OSError)) {
+        PyObject *err = ((PyOSErrorObject *)exc)->myerrno;
+        long value = err != NULL && PyLong_Check(err) ? PyLong_AsLong(err)
+                                                      : -1;
+        PyErr_Clear();
+        return value > 0 ? (int)value : EIO;
+    }
+    if (PyErr_GivenExceptionMatches(exc, PyExc_ValueError)) {
+        return EINVAL;          /* a backend this build does not have */
+    }
+    return EBUSY;               /* another PEP 523 hook, no co_extra left */
+}
+
+/* Act on the tool's request: switch the main interpreter's trampolines as
+   sys.activate_stack_trampoline() would, without a word on the program's
+   output; the outcome is left for the tool in _PyPerf_remote. */
+void
+_PyPerf_HandleRemoteRequest(PyThreadState *tstate)
+{
+    int request = _PyPerf_remote.request;
+    _PyPerf_remote.request = _PyPerf_REQUEST_NONE;
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    int res;
+    switch (request) {
+    case _PyPerf_REQUEST_PERF:
+        res = activate(tstate, "perf", 0);
+        break;
+    case _PyPerf_REQUEST_PERF_JIT:
+        res = activate(tstate, "perf_jit", 0);
+        break;
+    case _PyPerf_REQUEST_OFF:
+        res = _PyPerf_Deactivate(tstate);
+        break;
+    default:
+        PyErr_SetString(PyExc_ValueError, "unknown request");
+        res = -1;
+    }
+    int error = 0;
+    if (res < 0) {
+        PyObject *etype, *evalue, *etb;
+        PyErr_Fetch(&etype, &evalue, &etb);
+        PyErr_NormalizeException(&etype, &evalue, &etb);
+        error = request_error(evalue);
+        Py_XDECREF(etype);
+        Py_XDECREF(evalue);
+        Py_XDECREF(etb);
+    }
+    PyErr_Restore(type, value, tb);
+    _PyPerf_remote.error = error;
+    _PyPerf_remote.handled++;
+}
+
 #else   /* !PY_HAVE_PERF_TRAMPOLINE */
+
+void
+_PyPerf_HandleRemoteRequest(PyThreadState *tstate)
+{
+    _PyPerf_remote.request = _PyPerf_REQUEST_NONE;
+    _PyPerf_remote.error = EOPNOTSUPP;
+    _PyPerf_remote.handled++;
+}
 
 int
 _PyPerf_Activate(PyThreadState *tstate, const char *name)
@@ -895,6 +969,11 @@ _PyPerf_StartupDone(void)
 
 #endif  /* PY_HAVE_PERF_TRAMPOLINE */
 
+_PyPerf_RemoteControl _PyPerf_remote = {
+    .magic = _PyPerf_REMOTE_MAGIC,
+    .version = _PyPerf_REMOTE_VERSION,
+};
+
 /* ----------------------------------------------------------------------
  * Startup: the configuration's switches (Python/initconfig.c reads them)
  */
@@ -910,6 +989,9 @@ _PyPerf_InitFromConfig(PyThreadState *tstate)
         PySys_FormatStderr("Python perf trampolines: %s\n", warning);
     }
     if (main_interp) {
+        /* Where a remote request wakes the main interpreter up. */
+        _PyPerf_remote.eval_breaker =
+            (volatile int32_t *)&tstate->interp->ceval.eval_breaker;
         int copy = _PyPerf_ConfigForkCopy(config, &warning);
         if (warning != NULL) {
             PySys_FormatStderr("Python perf trampolines: %s\n", warning);

@@ -71,6 +71,40 @@ extern void _PyPerf_AfterForkChild(PyThreadState *tstate);
    called before PyOS_AfterFork_Child(), so that no files are copied. */
 PyAPI_FUNC(void) _PyPerf_ChildWillExec(void);
 
+/* Requests from another process (Lib/perf_trampoline.py), acted on by the
+   main interpreter at its next eval-breaker check.  The tool finds
+   _PyPerf_remote through the dynamic symbol table, reads it through
+   /proc/<pid>/mem, and has gdb write `request` and then 1 to
+   *eval_breaker while the process is stopped: nothing in the process runs
+   on the tool's behalf but the handler below, at a safe point.  The
+   layout is fixed (offsets in the comments) and versioned. */
+#define _PyPerf_REMOTE_MAGIC 0x46505950u     /* "PYPF" */
+#define _PyPerf_REMOTE_VERSION 1
+enum {
+    _PyPerf_REQUEST_NONE = 0,
+    _PyPerf_REQUEST_PERF = 1,
+    _PyPerf_REQUEST_PERF_JIT = 2,
+    _PyPerf_REQUEST_OFF = 3,
+};
+typedef struct {
+    uint32_t magic;                     /*  0 */
+    uint32_t version;                   /*  4 */
+    volatile int32_t request;           /*  8: written by the tool */
+    int32_t reserved;                   /* 12 */
+    volatile int32_t *eval_breaker;     /* 16: the main interpreter's */
+    volatile uint32_t handled;          /* 24: requests acted on */
+    volatile int32_t active;            /* 28: the main interpreter's
+                                           _PyPerf_REQUEST_PERF(_JIT), or 0 */
+    volatile int32_t error;             /* 32: errno of the last request */
+} _PyPerf_RemoteControl;
+
+PyAPI_DATA(_PyPerf_RemoteControl) _PyPerf_remote;
+
+/* A request is pending (Python/ceval.c: part of the eval breaker). */
+#define _PyPerf_REMOTE_PENDING(interp) \
+    (_PyPerf_remote.request != 0 && _Py_IsMainInterpreter(interp))
+extern void _PyPerf_HandleRemoteRequest(PyThreadState *tstate);
+
 /* The backend -X perf, -X perf_jit and their environment variables ask for
    ("perf", "perf_jit"), or NULL.  A value that is not understood never
    stops startup: *warning is then set to a message saying how it was

@@ -402,15 +402,18 @@ def perf_record_works():
     return None
 
 
-def record_samples(args, directory, *, env=None, timeout=TIMEOUT):
-    """Run `args` under perf record -g; return (CompletedProcess, samples).
+def record_samples(args, directory, *, env=None, timeout=TIMEOUT,
+                   options=()):
+    """Run `args` under perf record -g (with `options`, e.g. ("-p", PID)
+    to record a running process while `args` runs); return
+    (CompletedProcess, samples).
 
     perf.data is written to `directory`.  The CompletedProcess is that of
     perf record (the command's own output passes through it).
     """
     data = os.path.join(directory, "perf.data")
     record = subprocess.run(
-        [*PERF_RECORD, "-o", data, "--", *args],
+        [*PERF_RECORD, *options, "-o", data, "--", *args],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         errors="backslashreplace", env=clean_env() if env is None else env,
         cwd=directory, timeout=timeout)
