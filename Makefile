@@ -7,6 +7,10 @@ NPROC     := $(shell nproc 2>/dev/null || echo 2)
 # Extra ./configure arguments (frame pointers and perf trampolines are the
 # configure defaults on x86_64/aarch64 Linux).
 CONFIGURE_FLAGS ?=
+# Arguments of every build of ours: the static tracing probes (USDT)
+# Debian's python3.11 has, so that bpftrace and SystemTap scripts written
+# for it work on ours (needs systemtap-sdt-dev).
+BASE_FLAGS := --with-dtrace
 
 # A second interpreter, for the perf_jit tests and demo: without frame
 # pointers (the configuration perf_jit exists for) and with a shared
@@ -56,17 +60,18 @@ export:
 	@tools/export.sh
 
 build: tree
-	@tools/build.sh $(TREE) $(CONFIGURE_FLAGS)
+	@tools/build.sh $(TREE) $(BASE_FLAGS) $(CONFIGURE_FLAGS)
 
 nofp: deps-jit tree
 	@TREE=$(NOFP_TREE) tools/assemble.sh
-	@tools/build.sh $(NOFP_TREE) $(NOFP_FLAGS) $(CONFIGURE_FLAGS)
+	@tools/build.sh $(NOFP_TREE) $(BASE_FLAGS) $(NOFP_FLAGS) $(CONFIGURE_FLAGS)
 
 dist: deps
 	@tools/dist.sh $(DIST_PATCH)
 
 install: dist
-	@tools/install.sh $(DIST_PATCH) "$(PREFIX)" "$(DESTDIR)" $(CONFIGURE_FLAGS)
+	@tools/install.sh $(DIST_PATCH) "$(PREFIX)" "$(DESTDIR)" $(BASE_FLAGS) \
+		$(CONFIGURE_FLAGS)
 
 test: build nofp
 	@PERF_NOFP_PYTHON=$(CURDIR)/$(NOFP_TREE)/python tools/run-tests.sh
@@ -84,7 +89,7 @@ demo-jit: nofp
 # BENCH_RUNS=N (repetitions), BENCH_FILTER=fib,json (workloads),
 # BENCH_UPSTREAM="py1 py2" (upstream interpreters; default: pyenv 3.12/3.13).
 bench: build
-	@tools/bench.sh
+	@BASE_FLAGS="$(BASE_FLAGS)" tools/bench.sh
 
 # --one-file-system: never into a fresh root's /dev or /sys that an
 # interrupted make test-fresh left mounted.

@@ -1,8 +1,9 @@
 #!/bin/bash
 # Build the unpatched baseline for `make bench`: pristine CPython 3.11.2 from
 # the same verified tarball as our tree, configured with the frame-pointer
-# flags our patched configure adds by default and nothing else, so that
-# "ours with perf off / stock" measures the patch and not the compiler flags.
+# flags our patched configure adds by default and the Makefile's BASE_FLAGS
+# (the environment passes them) and nothing else, so that "ours with perf
+# off / stock" measures the patch and not the configuration.
 #
 #   tools/bench-stock.sh [DIR]      (default: build/cpython-stock)
 #
@@ -20,7 +21,7 @@ STAMP=$DIR/.bench-stock-stamp
 say() { echo "bench-stock: $*" >&2; }
 
 tarball=$("$ROOT/tools/fetch-source.sh")
-want="$(sha256sum <"$tarball" | cut -c1-64) CFLAGS=$FLAGS"
+want="$(sha256sum <"$tarball" | cut -c1-64) CFLAGS=$FLAGS ${BASE_FLAGS:-}"
 
 if [ -x "$DIR/python" ] && [ "$(cat "$STAMP" 2>/dev/null)" = "$want" ]; then
     say "stock $("$DIR/python" -c 'import sys; print(sys.version.split()[0])') already built at $DIR/python"
@@ -31,7 +32,8 @@ say "unpacking $tarball into $DIR"
 unpack_source "$tarball" "$DIR"
 
 start=$SECONDS
-BUILD_JOBS=$NPROC "$ROOT/tools/build.sh" "$DIR" CFLAGS="$FLAGS"
+# (BASE_FLAGS unquoted: several arguments)
+BUILD_JOBS=$NPROC "$ROOT/tools/build.sh" "$DIR" CFLAGS="$FLAGS" ${BASE_FLAGS:-}
 "$DIR/python" -c pass || { say "$DIR/python does not start"; exit 1; }
 echo "$want" >"$STAMP"
 say "stock $("$DIR/python" -c 'import sys; print(sys.version.split()[0])') built in $((SECONDS - start)) s at $DIR/python"

@@ -27,7 +27,7 @@ PACKAGES=(build-essential pkg-config autoconf2.69 git patch libffi-dev zlib1g-de
           libssl-dev libbz2-dev liblzma-dev libsqlite3-dev libreadline-dev
           libncurses-dev uuid-dev libgdbm-dev libgdbm-compat-dev gdb
           linux-perf binutils gcc-aarch64-linux-gnu libc6-dev-arm64-cross
-          qemu-user-static
+          qemu-user-static systemtap-sdt-dev
           # Debian's compiled extensions, run by test_extensions under -X perf
           python3-numpy python3-lxml python3-yaml python3-greenlet
           python3-gevent)

@@ -439,8 +439,10 @@ def gdb_available():
     return None
 
 
-def gdb_backtrace(args, breakpoint, *, env=None, timeout=TIMEOUT):
-    """Run `args` under gdb -batch, stop at `breakpoint`, take a "bt".
+def gdb_backtrace(args, breakpoint, *, env=None, timeout=TIMEOUT,
+                  condition=None):
+    """Run `args` under gdb -batch, stop at `breakpoint` (where the gdb
+    expression `condition` holds, if given), take a "bt".
 
     Returns (frame names outermost last, gdb's whole output).  A frame
     without a symbol is "??".
@@ -452,6 +454,7 @@ def gdb_backtrace(args, breakpoint, *, env=None, timeout=TIMEOUT):
          "-ex", "set pagination off",
          "-ex", "set print frame-arguments none",
          "-ex", f"break {breakpoint}",
+         *(["-ex", f"condition 1 {condition}"] if condition else []),
          "-ex", "run", "-ex", "bt", "-ex", "kill",
          "--args", *args],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,

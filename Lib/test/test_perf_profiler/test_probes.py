@@ -1,0 +1,104 @@
+"""The static tracing probes (USDT) next to perf trampolines.
+
+Debian builds its python3.11 --with-dtrace: bpftrace and SystemTap scripts
+written for the system Python attach to its probes.  Ours keeps them
+(the Makefile's BASE_FLAGS), and they fire while trampolines are active.
+"""
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import sysconfig
+import unittest
+
+from test.test_perf_profiler.util import (
+    TIMEOUT, clean_env, gdb_available, gdb_backtrace, skip_environment)
+
+# The probes CPython 3.11 defines (Include/pydtrace.d).
+PROBES = {"function__entry", "function__return", "line", "gc__start",
+          "gc__done", "instance__new__start", "instance__new__end",
+          "instance__delete__start", "instance__delete__end",
+          "import__find__load__start", "import__find__load__done", "audit"}
+
+DEBIAN_PYTHON = "/usr/bin/python3.11"
+
+
+def probe_names(path):
+    """Names of the "python" provider's stapsdt notes in ELF file
+    `path`."""
+    proc = subprocess.run(["readelf", "-n", "-W", path],
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True, timeout=TIMEOUT)
+    if proc.returncode != 0:
+        raise AssertionError(proc.stderr)
+    names = set()
+    provider = None
+    for line in proc.stdout.splitlines():
+        match = re.search(r"Provider: (\S+)", line)
+        if match:
+            provider = match.group(1)
+        match = re.match(r"\s*Name: (\S+)", line)
+        if match and provider == "python":
+            names.add(match.group(1))
+    return names
+
+
+def probes_object():
+    """The ELF file of this interpreter that holds the probes: libpython
+    in a shared build, the executable otherwise."""
+    if not sysconfig.get_config_var("Py_ENABLE_SHARED"):
+        return sys.executable
+    with open("/proc/self/maps") as f:
+        for line in f:
+            path = line.split()[-1]
+            if os.path.basename(path).startswith("libpython3"):
+                return path
+    raise AssertionError("libpython is not mapped")
+
+
+class ProbeTests(unittest.TestCase):
+
+    def setUp(self):
+        if not sysconfig.get_config_var("WITH_DTRACE"):
+            skip_environment("this interpreter was configured without "
+                             "--with-dtrace (make adds it)")
+        if shutil.which("readelf") is None:
+            skip_environment("readelf (binutils) is not installed")
+
+    def test_probes_as_debian_has_them(self):
+        ours = probe_names(probes_object())
+        self.assertTrue(ours, "no stapsdt notes")
+        self.assertLessEqual(ours, PROBES)
+        self.assertIn("function__entry", ours)
+        if not os.path.exists(DEBIAN_PYTHON):
+            skip_environment(f"{DEBIAN_PYTHON} (Debian's python3.11) is not "
+                             f"installed")
+        self.assertEqual(ours, probe_names(DEBIAN_PYTHON))
+
+    def test_probe_fires_through_trampolines(self):
+        # gdb sets the probe's semaphore, as bpftrace and SystemTap do, and
+        # stops at the function__entry of probe_target (the probe's second
+        # argument is the function's name).  In 3.11 the function probes
+        # fire only while a trace function is set, as in Debian's build.
+        reason = gdb_available()
+        if reason:
+            skip_environment(reason)
+        code = ("import sys\n"
+                "def probe_target():\n"
+                "    return 1\n"
+                "sys.settrace(lambda *args: None)\n"
+                "probe_target()\n")
+        names, output = gdb_backtrace(
+            [sys.executable, "-X", "perf", "-c", code],
+            "-probe-stap python:function__entry",
+            condition='$_streq((char *)$_probe_arg1, "probe_target")',
+            env=clean_env())
+        self.assertIn("Breakpoint 1, ", output)
+        self.assertIn("py_trampoline", names, output)
+        self.assertIn("Py_BytesMain", names, output)
+
+
+if __name__ == "__main__":
+    unittest.main()
