@@ -232,6 +232,19 @@ class AttachTests(AttachTestCase):
         self.assertIn("inner", self.script_names(pid))
         self.assertEqual(self.finish(proc), ("bad 0\n", ""))
 
+    def test_shared_libpython_target(self):
+        # The control block lives in libpython3.11.so, not the executable.
+        nofp = os.environ.get("PERF_NOFP_PYTHON")
+        if not nofp:
+            skip_environment("PERF_NOFP_PYTHON (a --enable-shared build, "
+                             "make nofp) is not set")
+        proc, pid = self.start("busy", python=nofp)
+        self.assertIn("on (backend perf)", self.switch("attach", pid))
+        time.sleep(0.2)
+        self.assertIn("inner", self.script_names(pid))
+        self.assertIn("off", self.switch("detach", pid))
+        self.assertEqual(self.finish(proc), ("bad 0\n", ""))
+
     def test_forked_child(self):
         proc, child = self.start("fork")
         self.assertIn("on (backend perf)", self.switch("attach", child))
