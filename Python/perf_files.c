@@ -234,33 +234,74 @@ _PyPerf_FileForget(_PyPerf_File *file)
     file->path[0] = '\0';
 }
 
-/* Append the first `size` bytes of `from` to `to`. */
+/* Bytes read at a time when lines are copied: a line longer than this
+   cannot be copied.  (Ours are at most about 3.3 KiB.) */
+#define LINES_BUFFER_SIZE (64 * 1024)
+
+/* Append the whole lines among the first `size` bytes of `in` to `to`,
+   each write() ending with a newline, so that a write cut short leaves
+   whole lines behind (_PyPerf_FileAppend undoes it).  Bytes after the last
+   newline are not a whole line: they are left out.  Returns 0, or -1 with
+   errno set (EINVAL: a line longer than LINES_BUFFER_SIZE). */
+static int
+append_lines(int in, off_t size, _PyPerf_File *to)
+{
+    char *buf = PyMem_RawMalloc(LINES_BUFFER_SIZE);
+    if (buf == NULL) {
+        errno = ENOMEM;
+        return -1;
+    }
+    int res = 0;
+    size_t held = 0;            /* bytes of an unfinished line in buf */
+    off_t done = 0;
+    while (done < size) {
+        size_t want = (size_t)Py_MIN((off_t)(LINES_BUFFER_SIZE - held),
+                                     size - done);
+        ssize_t n = pread(in, buf + held, want, done);
+        if (n < 0 && errno == EINTR) {
+            continue;
+        }
+        if (n <= 0) {
+            /* 0: the file is shorter than it was; what was read counts. */
+            res = n < 0 ? -1 : 0;
+            break;
+        }
+        done += n;
+        held += (size_t)n;
+        char *last = memrchr(buf, '\n', held);
+        if (last == NULL) {
+            if (held == LINES_BUFFER_SIZE) {
+                errno = EINVAL;
+                res = -1;
+                break;
+            }
+            continue;
+        }
+        size_t whole = (size_t)(last - buf) + 1;
+        if (_PyPerf_FileAppend(to, buf, whole) < 0) {
+            res = -1;
+            break;
+        }
+        held -= whole;
+        memmove(buf, buf + whole, held);
+    }
+    int saved = errno;
+    PyMem_RawFree(buf);
+    errno = saved;
+    return res;
+}
+
+/* Append the first `size` bytes of `from`, whole lines, to `to`. */
 int
-_PyPerf_CopyFile(const _PyPerf_File *from, off_t size, _PyPerf_File *to)
+_PyPerf_CopyLines(const _PyPerf_File *from, off_t size, _PyPerf_File *to)
 {
     int in = _PyPerf_FileOpenReadOnly(from);
     if (in < 0) {
         return -1;
     }
-    char buf[16384];
-    off_t done = 0;
-    while (done < size) {
-        size_t want = (size_t)Py_MIN((off_t)sizeof(buf), size - done);
-        ssize_t n = pread(in, buf, want, done);
-        if (n < 0 && errno == EINTR) {
-            continue;
-        }
-        if (n <= 0 || _PyPerf_FileAppend(to, buf, (size_t)n) < 0) {
-            if (n == 0) {
-                errno = EIO;
-            }
-            _PyPerf_CloseKeepErrno(in);
-            return -1;
-        }
-        done += n;
-    }
-    close(in);
-    return 0;
+    int res = append_lines(in, size, to);
+    _PyPerf_CloseKeepErrno(in);
+    return res;
 }
 
 #endif  /* PY_HAVE_PERF_TRAMPOLINE */

@@ -126,7 +126,8 @@ perfmap_after_fork_child(char *path, size_t path_size, int copy)
     if (copy) {
         res = open_map(path, path_size);
         if (res == 0 && parent.size > 0) {
-            res = _PyPerf_CopyFile(&parent, parent.size, &perfmap.file);
+            res = _PyPerf_CopyLines(&parent, parent.size,
+                                    &perfmap.file);
         }
         if (res == 0) {
             /* Lines the parent had not written yet: it will, to its

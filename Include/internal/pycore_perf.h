@@ -271,8 +271,10 @@ extern int _PyPerf_FileAppend(_PyPerf_File *file, const void *buf,
 extern int _PyPerf_FileOpenReadOnly(const _PyPerf_File *file);
 extern int _PyPerf_FileDetach(_PyPerf_File *file, _PyPerf_File *parent);
 extern void _PyPerf_FileForget(_PyPerf_File *file);
-extern int _PyPerf_CopyFile(const _PyPerf_File *from, off_t size,
-                            _PyPerf_File *to);
+/* Files of lines (the perf map): whole lines only, each write() ending
+   with a newline. */
+extern int _PyPerf_CopyLines(const _PyPerf_File *from, off_t size,
+                             _PyPerf_File *to);
 
 
 /* ---- Unwind description and DWARF (Python/perf_unwind.c) --------------- */
