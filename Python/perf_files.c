@@ -23,7 +23,9 @@
  * - A write cut short (a full disk) is undone, so the file only ever holds
  *   whole records: only this process writes to it.
  *
- * Everything here runs with the GIL held.
+ * Callers serialize the uses of each file: the GIL, and for the perf map
+ * also its own lock (Python/perf_map.c), which C API callers without the
+ * GIL take.
  */
 
 #include "Python.h"
@@ -302,6 +304,59 @@ _PyPerf_CopyLines(const _PyPerf_File *from, off_t size, _PyPerf_File *to)
     int res = append_lines(in, size, to);
     _PyPerf_CloseKeepErrno(in);
     return res;
+}
+
+/* Append the whole lines of the file at `path`, as it is now, to `to`.
+   It must be a regular file, and not `to` itself.  Returns 0, or -1 with
+   errno set (EISDIR: a directory; EINVAL: another kind of file, or `to`). */
+int
+_PyPerf_AppendLinesOf(const char *path, _PyPerf_File *to)
+{
+    /* O_NONBLOCK: a FIFO under the name must not block us. */
+    int in = open_above_stdio(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK, 0);
+    if (in < 0) {
+        return -1;
+    }
+    int res = -1;
+    struct stat st;
+    if (fstat(in, &st) < 0) {
+        goto done;
+    }
+    if (S_ISDIR(st.st_mode)) {
+        errno = EISDIR;
+        goto done;
+    }
+    if (!S_ISREG(st.st_mode)
+        || (to->path[0] != '\0' && st.st_dev == to->dev
+            && st.st_ino == to->ino))
+    {
+        errno = EINVAL;
+        goto done;
+    }
+    res = append_lines(in, st.st_size, to);
+
+done:
+    _PyPerf_CloseKeepErrno(in);
+    return res;
+}
+
+/* Close the descriptor (if it is still ours) but remember the file:
+   _PyPerf_FileAppend and _PyPerf_FileReopen find it again by name. */
+void
+_PyPerf_FileClose(_PyPerf_File *file)
+{
+    if (file->fd >= 0 && is_our_file(file->fd, file)) {
+        _PyPerf_CloseKeepErrno(file->fd);
+    }
+    file->fd = -1;
+}
+
+/* Make file->fd refer to our file again, reopening it by name if needed.
+   Returns 0, or -1 with errno set (the name no longer leads to it). */
+int
+_PyPerf_FileReopen(_PyPerf_File *file)
+{
+    return check_file(file);
 }
 
 #endif  /* PY_HAVE_PERF_TRAMPOLINE */

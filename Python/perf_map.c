@@ -3,7 +3,8 @@
  * ==========================================
  *
  * perf's oldest interface for code it finds no ELF file for
- * (tools/perf/Documentation/jit-interface.txt): one line per trampoline,
+ * (tools/perf/Documentation/jit-interface.txt): one line per trampoline
+ * (and per entry of the C API below),
  *
  *     START SIZE NAME\n
  *
@@ -14,7 +15,17 @@
  * with _PyPerf_FileAppend() (Python/perf_files.c), which undoes a partial
  * write, so the file only ever holds whole lines.
  *
- * Everything here runs with the GIL held.
+ * Two kinds of writers share the file: the core, for trampolines, with the
+ * GIL held, and the C API at the end of this file (PyUnstable_*, for JIT
+ * compilers), from any thread, with or without the GIL.  One mutex
+ * serializes them.  Only a JIT's threads ever compete with the core for
+ * it; uncontended, it costs two atomic operations per new trampoline.  No
+ * code that takes the GIL runs while it is held.
+ *
+ * A fork() while another thread holds the mutex would leave it locked
+ * forever in the child, and the state half changed, so the mutex is held
+ * across every fork() (pthread_atfork): the child starts with it free and
+ * the state as it was between two writes.
  */
 
 #include "Python.h"
@@ -23,20 +34,82 @@
 #ifdef PY_HAVE_PERF_TRAMPOLINE
 
 #include <errno.h>
+#include <pthread.h>              // pthread_mutex_t, pthread_atfork()
 #include <unistd.h>               // getpid()
 
 static struct {
+    /* Guards everything below (see the top of this file). */
+    pthread_mutex_t lock;
     _PyPerf_File file;
+    /* PyUnstable_PerfMapState_Fini() closed the file: the next use opens
+       it again (by name, keeping its lines, or anew if it is gone). */
+    int closed;
     /* Lines made during interpreter startup (site and what it imports)
        are written together when startup ends, instead of with a system
-       call each.  After that every line is written as it is
-       made, so a process that dies leaves a complete map. */
+       call each (the C API's are written at once, with them: see
+       write_line()).  After that every line is written as it is made,
+       so a process that dies leaves a complete map. */
     int gathering;
     size_t gathered;
     char startup_lines[32 * 1024];
-    /* A line is built here, not on the C stack (the GIL serializes us). */
+    /* A line is built here, not on the C stack (the lock serializes us). */
     char line[64 + _PyPerf_MAX_NAME];
-} perfmap = {.file = {.fd = -1}};
+} perfmap = {.lock = PTHREAD_MUTEX_INITIALIZER, .file = {.fd = -1}};
+
+/* ----------------------------------------------------------------------
+ * The lock
+ */
+
+/* The fork handlers are registered once, before the mutex is first
+   taken; 0, or why pthread_atfork() failed. */
+static pthread_once_t fork_handlers_once = PTHREAD_ONCE_INIT;
+static int fork_handlers_error;
+
+static void
+lock_before_fork(void)
+{
+    pthread_mutex_lock(&perfmap.lock);
+}
+
+static void
+unlock_after_fork(void)
+{
+    /* In the child, the one thread there is the one that forked: the
+       holder. */
+    pthread_mutex_unlock(&perfmap.lock);
+}
+
+static void
+register_fork_handlers(void)
+{
+    fork_handlers_error = pthread_atfork(lock_before_fork, unlock_after_fork,
+                                         unlock_after_fork);
+}
+
+/* Take the map's mutex.  Returns 0, or -1 with errno set if the fork
+   handlers cannot be registered (the mutex is then not taken: the map is
+   not used). */
+static int
+lock_map(void)
+{
+    pthread_once(&fork_handlers_once, register_fork_handlers);
+    if (fork_handlers_error != 0) {
+        errno = fork_handlers_error;
+        return -1;
+    }
+    pthread_mutex_lock(&perfmap.lock);
+    return 0;
+}
+
+static void
+unlock_map(void)
+{
+    pthread_mutex_unlock(&perfmap.lock);
+}
+
+/* ----------------------------------------------------------------------
+ * Lines
+ */
 
 static int
 flush_startup_lines(void)
@@ -66,87 +139,180 @@ append_hex(char *buf, size_t pos, uintptr_t value)
     return pos;
 }
 
+/* Bytes that `ch` takes in a map line: ASCII control characters are
+   written as \xNN, so that an entry is always one line. */
+static size_t
+escaped_size(unsigned char ch)
+{
+    return (ch < 0x20 || ch == 0x7f) ? 4 : 1;
+}
+
+/* Append an entry's name, escaped; a name longer than _PyPerf_MAX_NAME
+   bytes (escaped) is cut to end in "...".  The core's names pass
+   unchanged: it escapes them itself, within that budget.  C API callers'
+   names are bytes as given (UTF-8, presumably). */
+static size_t
+append_name(char *buf, size_t pos, const char *name, size_t name_size)
+{
+    static const char hex[] = "0123456789abcdef";
+    size_t total = 0;
+    for (size_t i = 0; i < name_size; i++) {
+        total += escaped_size((unsigned char)name[i]);
+    }
+    int cut = (total > _PyPerf_MAX_NAME);
+    size_t end = pos + (cut ? _PyPerf_MAX_NAME - 3 : total);
+    for (size_t i = 0; i < name_size; i++) {
+        unsigned char ch = (unsigned char)name[i];
+        if (pos + escaped_size(ch) > end) {
+            break;
+        }
+        if (escaped_size(ch) == 1) {
+            buf[pos++] = (char)ch;
+        }
+        else {
+            buf[pos++] = '\\';
+            buf[pos++] = 'x';
+            buf[pos++] = hex[ch >> 4];
+            buf[pos++] = hex[ch & 0xf];
+        }
+    }
+    if (cut) {
+        memcpy(buf + pos, "...", 3);
+        pos += 3;
+    }
+    return pos;
+}
+
+/* Build the line "START SIZE NAME\n" in perfmap.line; return its length. */
+static size_t
+format_line(const void *code, size_t code_size, const char *name,
+            size_t name_size)
+{
+    char *line = perfmap.line;
+    size_t n = append_hex(line, 0, (uintptr_t)code);
+    line[n++] = ' ';
+    n = append_hex(line, n, code_size);
+    line[n++] = ' ';
+    n = append_name(line, n, name, name_size);
+    assert(n + 1 <= sizeof(perfmap.line));
+    line[n++] = '\n';
+    return n;
+}
+
+/* Write the `size` bytes of perfmap.line.  During startup the line is
+   gathered with the others, and if `now`, they are all written at once:
+   lines keep the order they were made in. */
+static int
+write_line(size_t size, int now)
+{
+    if (!perfmap.gathering) {
+        return _PyPerf_FileAppend(&perfmap.file, perfmap.line, size);
+    }
+    if (perfmap.gathered + size > sizeof(perfmap.startup_lines)
+        && flush_startup_lines() < 0)
+    {
+        return -1;
+    }
+    memcpy(perfmap.startup_lines + perfmap.gathered, perfmap.line, size);
+    perfmap.gathered += size;
+    return now ? flush_startup_lines() : 0;
+}
+
 /* Open this process's map, unless it has one (perhaps closed by the
-   program: reopened on use). */
+   program: reopened on use).  After PyUnstable_PerfMapState_Fini(), the
+   same file is opened again by name, its lines kept; if it is no longer
+   there, a new one is started. */
 static int
 open_map(char *path, size_t path_size)
 {
     PyOS_snprintf(path, path_size, "/tmp/perf-%ld.map", (long)getpid());
     if (perfmap.file.path[0] != '\0') {
-        return 0;
+        if (!perfmap.closed) {
+            return 0;
+        }
+        perfmap.closed = 0;
+        if (_PyPerf_FileReopen(&perfmap.file) == 0) {
+            return 0;
+        }
+        _PyPerf_FileForget(&perfmap.file);
     }
     return _PyPerf_FileOpen(&perfmap.file, path);
 }
 
+/* ----------------------------------------------------------------------
+ * The backend (the core calls these with the GIL held)
+ */
+
 static int
 perfmap_init(char *path, size_t path_size, int at_startup)
 {
+    if (lock_map() < 0) {
+        return -1;
+    }
     perfmap.gathering = at_startup;
-    return open_map(path, path_size);
+    int res = open_map(path, path_size);
+    unlock_map();
+    return res;
 }
 
 static int
 perfmap_write_entry(const void *code, size_t code_size,
                     const char *name, size_t name_size)
 {
-    char path[64];
-    if (open_map(path, sizeof(path)) < 0) {
+    if (lock_map() < 0) {
         return -1;
     }
-    char *line = perfmap.line;
-    size_t n = append_hex(line, 0, (uintptr_t)code);
-    line[n++] = ' ';
-    n = append_hex(line, n, code_size);
-    line[n++] = ' ';
-    assert(n + name_size + 1 <= sizeof(perfmap.line));
-    memcpy(line + n, name, name_size);
-    n += name_size;
-    line[n++] = '\n';
-    if (perfmap.gathering) {
-        if (perfmap.gathered + n > sizeof(perfmap.startup_lines)
-            && flush_startup_lines() < 0)
-        {
-            return -1;
-        }
-        memcpy(perfmap.startup_lines + perfmap.gathered, line, n);
-        perfmap.gathered += n;
-        return 0;
+    char path[64];
+    int res = open_map(path, sizeof(path));
+    if (res == 0) {
+        res = write_line(format_line(code, code_size, name, name_size), 0);
     }
-    return _PyPerf_FileAppend(&perfmap.file, line, n);
+    unlock_map();
+    return res;
 }
 
 static int
 perfmap_after_fork_child(char *path, size_t path_size, int copy)
 {
+    if (lock_map() < 0) {
+        return -1;
+    }
+    perfmap.closed = 0;
     _PyPerf_File parent;
-    if (!_PyPerf_FileDetach(&perfmap.file, &parent)) {
-        return 0;
-    }
     int res = 0;
-    if (copy) {
-        res = open_map(path, path_size);
-        if (res == 0 && parent.size > 0) {
-            res = _PyPerf_CopyLines(&parent, parent.size,
-                                    &perfmap.file);
+    if (_PyPerf_FileDetach(&perfmap.file, &parent)) {
+        if (copy) {
+            res = open_map(path, path_size);
+            if (res == 0 && parent.size > 0) {
+                res = _PyPerf_CopyLines(&parent, parent.size,
+                                        &perfmap.file);
+            }
+            if (res == 0) {
+                /* Lines the parent had not written yet: it will, to its
+                   file. */
+                res = flush_startup_lines();
+            }
         }
-        if (res == 0) {
-            /* Lines the parent had not written yet: it will, to its
-               file. */
-            res = flush_startup_lines();
+        else {
+            /* inherited trampolines: not ours to name */
+            perfmap.gathered = 0;
         }
+        _PyPerf_FileForget(&parent);
     }
-    else {
-        perfmap.gathered = 0;   /* inherited trampolines: not ours to name */
-    }
-    _PyPerf_FileForget(&parent);
+    unlock_map();
     return res;
 }
 
 static int
 perfmap_startup_done(void)
 {
+    if (lock_map() < 0) {
+        return -1;
+    }
     perfmap.gathering = 0;
-    return flush_startup_lines();
+    int res = flush_startup_lines();
+    unlock_map();
+    return res;
 }
 
 const _PyPerf_Backend _PyPerf_MapBackend = {
@@ -155,5 +321,128 @@ const _PyPerf_Backend _PyPerf_MapBackend = {
     .after_fork_child = perfmap_after_fork_child,
     .startup_done = perfmap_startup_done,
 };
+
+/* ----------------------------------------------------------------------
+ * The C API (Include/cpython/sysmodule.h, Doc/c-api/perfmaps.rst)
+ *
+ * For code generators of extensions (JIT compilers): from any thread, with
+ * or without the GIL.  Their lines go to the map the trampolines' go to,
+ * written at once, also during startup.  The return values are upstream's
+ * (3.12): 0; -1 if the file cannot be used, with errno set; -2 if the lock
+ * cannot be (here: its fork handlers cannot be registered).
+ */
+
+/* Take the lock and open the map.  Returns 0 with the lock held, or -1
+   (the file) or -2 (the lock) without it. */
+static int
+api_begin(void)
+{
+    if (lock_map() < 0) {
+        return -2;
+    }
+    char path[64];
+    if (open_map(path, sizeof(path)) < 0) {
+        unlock_map();
+        return -1;
+    }
+    return 0;
+}
+
+int
+PyUnstable_PerfMapState_Init(void)
+{
+    int res = api_begin();
+    if (res == 0) {
+        unlock_map();
+    }
+    return res;
+}
+
+int
+PyUnstable_WritePerfMapEntry(const void *code_addr, unsigned int code_size,
+                             const char *entry_name)
+{
+    if (entry_name == NULL) {
+        errno = EINVAL;
+        return -1;
+    }
+    int res = api_begin();
+    if (res < 0) {
+        return res;
+    }
+    size_t size = format_line(code_addr, code_size, entry_name,
+                              strlen(entry_name));
+    res = write_line(size, 1);
+    unlock_map();
+    return res;
+}
+
+/* Close the map's descriptor.  The file is remembered: the next write
+   (the API's or a new trampoline's) opens it again, see open_map(). */
+void
+PyUnstable_PerfMapState_Fini(void)
+{
+    int saved = errno;
+    if (lock_map() < 0) {
+        errno = saved;
+        return;
+    }
+    if (perfmap.file.path[0] != '\0' && !perfmap.closed) {
+        (void)flush_startup_lines();
+        _PyPerf_FileClose(&perfmap.file);
+        perfmap.closed = 1;
+    }
+    unlock_map();
+    errno = saved;
+}
+
+int
+PyUnstable_CopyPerfMapFile(const char *parent_filename)
+{
+    if (parent_filename == NULL) {
+        errno = EINVAL;
+        return -1;
+    }
+    int res = api_begin();
+    if (res < 0) {
+        return res;
+    }
+    /* After the lines made before this call. */
+    res = flush_startup_lines();
+    if (res == 0) {
+        res = _PyPerf_AppendLinesOf(parent_filename, &perfmap.file);
+    }
+    unlock_map();
+    return res;
+}
+
+#else   /* !PY_HAVE_PERF_TRAMPOLINE */
+
+/* No profiler files in this build: the C API exists, and succeeds without
+   doing anything, as upstream's does where perf maps are not supported. */
+
+int
+PyUnstable_PerfMapState_Init(void)
+{
+    return 0;
+}
+
+int
+PyUnstable_WritePerfMapEntry(const void *code_addr, unsigned int code_size,
+                             const char *entry_name)
+{
+    return 0;
+}
+
+void
+PyUnstable_PerfMapState_Fini(void)
+{
+}
+
+int
+PyUnstable_CopyPerfMapFile(const char *parent_filename)
+{
+    return 0;
+}
 
 #endif  /* PY_HAVE_PERF_TRAMPOLINE */

@@ -59,7 +59,9 @@
  * gdb's JIT interface).
  *
  * Everything here runs with the GIL held (3.11 has one GIL for all
- * interpreters), which serializes all state changes and all file writes.
+ * interpreters), which serializes all state changes and the core's file
+ * writes.  (C API callers without the GIL write to the perf map too: it
+ * has a lock of its own, Python/perf_map.c.)
  */
 
 #include "Python.h"
@@ -916,6 +918,51 @@ _PyPerf_HandleRemoteRequest(PyThreadState *tstate)
     _PyPerf_remote.handled++;
 }
 
+/* ----------------------------------------------------------------------
+ * The C API (Include/cpython/sysmodule.h, Doc/c-api/perfmaps.rst)
+ */
+
+/* Give `co` its trampoline of the main interpreter's active backend now,
+   as its first call would: a parent that does this for its functions
+   before forking workers has them named once, in its own map, which
+   children copy (fork_copy) instead of naming each function again. */
+int
+PyUnstable_PerfTrampoline_CompileCode(PyCodeObject *co)
+{
+    if (co == NULL || !PyCode_Check(co)) {
+        PyErr_BadInternalCall();
+        return -1;
+    }
+    perf_interp *pi = find_interp(_PyInterpreterState_Main());
+    if (pi == NULL || pi->backend == NULL || _PyPerf_core.no_new) {
+        return 0;               /* no trampolines to give */
+    }
+    Py_ssize_t index = pi->extra_index[backend_number(pi->backend)];
+    if (_PyPerf_Lookup(co, index) != NULL
+        || assign_trampoline(co, pi) != NULL)
+    {
+        return 0;
+    }
+    if (_PyPerf_core.arena_status != _PyPerf_ARENAS_OK) {
+        errno = _PyPerf_core.arena_errno;
+        PyErr_SetFromErrno(PyExc_OSError);
+    }
+    else {
+        PyErr_NoMemory();       /* no room in the code object's extras */
+    }
+    return -1;
+}
+
+/* Upstream's switch for what a forked child does with the trampolines it
+   inherits, onto ours (_PyPerf_AfterForkChild()): persisting them is
+   copying the parent's files. */
+int
+PyUnstable_PerfTrampoline_SetPersistAfterFork(int enable)
+{
+    _PyPerf_core.fork_copy = (enable != 0);
+    return _PyPerf_core.fork_copy;
+}
+
 #else   /* !PY_HAVE_PERF_TRAMPOLINE */
 
 void
@@ -965,6 +1012,20 @@ _PyPerf_ChildWillExec(void)
 void
 _PyPerf_StartupDone(void)
 {
+}
+
+/* Without trampolines, as upstream where they are not supported: nothing
+   to compile, nothing persists. */
+int
+PyUnstable_PerfTrampoline_CompileCode(PyCodeObject *co)
+{
+    return 0;
+}
+
+int
+PyUnstable_PerfTrampoline_SetPersistAfterFork(int enable)
+{
+    return 0;
 }
 
 #endif  /* PY_HAVE_PERF_TRAMPOLINE */

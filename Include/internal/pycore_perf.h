@@ -16,7 +16,8 @@ extern "C" {
  *   Python/perf_trampoline.c     the core: activation, arenas and slots,
  *                                names, the eval hook, the CALL fast
  *                                path's stack budget
- *   Python/perf_map.c            backend: /tmp/perf-<pid>.map
+ *   Python/perf_map.c            backend: /tmp/perf-<pid>.map, and
+ *                                its C API (PyUnstable_*, for JITs)
  *   Python/perf_jit_trampoline.c backend: /tmp/jit-<pid>.dump (jitdump)
  *   Python/perf_gdb_jit.c        gdb's JIT interface
  *   Python/perf_unwind.c         the template's unwind description and
@@ -271,10 +272,13 @@ extern int _PyPerf_FileAppend(_PyPerf_File *file, const void *buf,
 extern int _PyPerf_FileOpenReadOnly(const _PyPerf_File *file);
 extern int _PyPerf_FileDetach(_PyPerf_File *file, _PyPerf_File *parent);
 extern void _PyPerf_FileForget(_PyPerf_File *file);
+extern void _PyPerf_FileClose(_PyPerf_File *file);
+extern int _PyPerf_FileReopen(_PyPerf_File *file);
 /* Files of lines (the perf map): whole lines only, each write() ending
    with a newline. */
 extern int _PyPerf_CopyLines(const _PyPerf_File *from, off_t size,
                              _PyPerf_File *to);
+extern int _PyPerf_AppendLinesOf(const char *path, _PyPerf_File *to);
 
 
 /* ---- Unwind description and DWARF (Python/perf_unwind.c) --------------- */
