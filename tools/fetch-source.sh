@@ -28,31 +28,18 @@ store() {
 
 from_apt() {
     command -v apt-get >/dev/null || return 1
-    local work mirrors uri name hash m
-    mirrors=$(apt_mirrors)
-    [ -n "$mirrors" ] || return 1
+    local work uri name hash
     work=$(mktemp -d)
     trap 'rm -rf "$work"; trap - RETURN' RETURN
-    mkdir -p "$work/lists/partial" "$work/parts"
-    for m in $mirrors; do
-        case $m in
-        *security*) echo "deb-src $m bookworm-security main" ;;
-        *) echo "deb-src $m bookworm main"
-           echo "deb-src $m bookworm-updates main" ;;
-        esac
-    done >"$work/sources.list"
-    local opts=(-o "Dir::Etc::SourceList=$work/sources.list"
-                -o "Dir::Etc::SourceParts=$work/parts"
-                -o "Dir::State::Lists=$work/lists"
-                -o "Debug::NoLocking=1")
-    say "looking up python3.11 in Debian's source archive ($(echo $mirrors | tr '\n' ' '))"
-    apt-get "${opts[@]}" -qq update >&2 2>"$work/update.log" || {
+    debian_source_list "$work/sources.list" || return 1
+    say "looking up python3.11 in Debian's source archive ($(apt_mirrors | tr '\n' ' '))"
+    private_apt "$work" apt-get -qq update >&2 2>"$work/update.log" || {
         say "apt-get update of the private source list failed:"; cat "$work/update.log" >&2
         return 1
     }
     # Only the orig tarball matters; the .dsc and Debian tarball may be gone.
     # (run in the empty work dir: apt skips files already in the cwd)
-    read -r uri name _ hash < <(cd "$work" && apt-get "${opts[@]}" source \
+    read -r uri name _ hash < <(cd "$work" && private_apt "$work" apt-get source \
         --print-uris python3.11 2>/dev/null |
         awk -v want="_$VERSION.orig.tar.gz" 'index($0, want) && !found++') || {
         say "no python3.11 $VERSION orig tarball in the source archive"; return 1

@@ -111,24 +111,17 @@ download_backports_perf() {
         keyring="[signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] "
     work=$(mktemp -d)
     trap 'rm -rf "$work"; trap - RETURN' RETURN
-    mkdir -p "$work/lists/partial" "$work/parts" "$work/cache/archives/partial"
     # The first Debian mirror that is not the security archive (another
     # repository with "debian" in its URL has no backports suite).
     m=$(echo "$mirrors" | awk '!/security/ && !found++')
     echo "deb $keyring$m $codename-backports main" >"$work/sources.list"
-    local opts=(-o "Dir::Etc::SourceList=$work/sources.list"
-                -o "Dir::Etc::SourceParts=$work/parts"
-                -o "Dir::State::Lists=$work/lists"
-                -o "Dir::Cache=$work/cache"
-                -o "Debug::NoLocking=1"
-                -o "APT::Sandbox::User=$(id -un)")
     say "looking up linux-perf in $codename-backports ($(echo $mirrors | tr '\n' ' '))"
-    apt-get "${opts[@]}" -qq update 2>"$work/update.log" >&2 || {
+    private_apt "$work" apt-get -qq update 2>"$work/update.log" >&2 || {
         say "error: apt-get update of the private sources list failed:"
         cat "$work/update.log" >&2
         return 1
     }
-    (cd "$work" && apt-get "${opts[@]}" -qq download "linux-perf/$codename-backports") >&2 || {
+    (cd "$work" && private_apt "$work" apt-get -qq download "linux-perf/$codename-backports") >&2 || {
         say "error: could not download linux-perf from $codename-backports"
         return 1
     }

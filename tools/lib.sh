@@ -68,6 +68,11 @@ tree_diff() {
         sed '/^index [0-9a-f]*\.\.[0-9a-f]*/d'
 }
 
+# The Debian release whose python3.11 is 3.11.2: the source archive
+# holds the orig tarball (tools/fetch-source.sh) and Debian's patch series
+# (tools/fetch-debian.sh) for it.
+DEBIAN_RELEASE=bookworm
+
 # Debian mirrors named by the machine's apt configuration (deb822 and
 # one-line formats, binary and source entries).
 apt_mirrors() {
@@ -77,4 +82,34 @@ apt_mirrors() {
             /etc/apt/sources.list.d/*.list 2>/dev/null |
             sed -E 's/\[[^]]*\]//' | awk '{print $2}'
     } | grep -E '^(https?|file):' | grep -iE 'debian' | sort -u || true
+}
+
+# debian_source_list FILE: deb-src entries for $DEBIAN_RELEASE, its
+# updates and its security suite on the machine's Debian mirrors; fails
+# when the apt configuration names none.
+debian_source_list() {
+    local mirrors m
+    mirrors=$(apt_mirrors)
+    [ -n "$mirrors" ] || return 1
+    for m in $mirrors; do
+        case $m in
+        *security*) echo "deb-src $m $DEBIAN_RELEASE-security main" ;;
+        *) echo "deb-src $m $DEBIAN_RELEASE main"
+           echo "deb-src $m $DEBIAN_RELEASE-updates main" ;;
+        esac
+    done >"$1"
+}
+
+# private_apt DIR apt-get|apt-cache [ARG...]: the apt command on the
+# sources list DIR/sources.list, with its lists and cache under DIR: the
+# machine's own sources, lists and cache are neither read nor changed.
+# Downloads run as the calling user, who owns DIR.
+private_apt() {
+    local dir=$1
+    shift
+    mkdir -p "$dir/lists/partial" "$dir/parts" "$dir/cache/archives/partial"
+    "$@" -o "Dir::Etc::SourceList=$dir/sources.list" \
+        -o "Dir::Etc::SourceParts=$dir/parts" \
+        -o "Dir::State::Lists=$dir/lists" -o "Dir::Cache=$dir/cache" \
+        -o "Debug::NoLocking=1" -o "APT::Sandbox::User=$(id -un)"
 }
