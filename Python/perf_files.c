@@ -187,7 +187,13 @@ _PyPerf_FileAppend(_PyPerf_File *file, const void *buf, size_t size)
     }
     if (write_all(file->fd, buf, size) < 0) {
         int saved = errno;
-        (void)ftruncate(file->fd, file->size);
+        /* Undo the partial write (see the top).  Should that fail too,
+           the write's error is still the one to report.  (The result is
+           tested, not cast to void: glibc's warn_unused_result, on with
+           _FORTIFY_SOURCE as Debian builds, ignores such casts.) */
+        if (ftruncate(file->fd, file->size) < 0) {
+            /* nothing more to undo with */
+        }
         errno = saved;
         return -1;
     }
