@@ -19,7 +19,8 @@ import unittest
 
 from test import support
 from test.test_perf_profiler.util import (
-    GDB_FRAME_RE, PerfTestCase, clean_env, gdb_available, gdb_backtrace,
+    GDB_FRAME_RE, GDB_OPTIONS, PerfTestCase, clean_env, gdb_available,
+    gdb_backtrace,
     map_path, parse_map, perf_record_works, record_samples, skip_environment,
     write_script)
 
@@ -1375,11 +1376,6 @@ struct jit_descriptor {
     struct jit_code_entry *first_entry;
 };
 """
-
-GDB_OPTIONS = ("-batch", "-nx", "-iex", "set debuginfod enabled off",
-               "-iex", "set auto-load no", "-ex", "set pagination off",
-               "-ex", "set print frame-arguments none")
-
 
 def run_gdb(commands, args=(), *, attach=None, timeout=support.SHORT_TIMEOUT):
     """Run gdb -batch with `commands` (each an -ex) on the program `args`,

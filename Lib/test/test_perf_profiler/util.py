@@ -430,6 +430,13 @@ def record_samples(args, directory, *, env=None, timeout=TIMEOUT,
 # gdb
 
 GDB_FRAME_RE = re.compile(r"^#(\d+)\s+(?:0x[0-9a-f]+ in )?(\S+)")
+# gdb -batch, without the user's settings.  Breakpoints may be pending:
+# in a shared libpython build (make debian) the interpreter's functions
+# are not loaded yet when the breakpoint is set.
+GDB_OPTIONS = ("-batch", "-nx", "-iex", "set debuginfod enabled off",
+               "-iex", "set auto-load no", "-iex", "set breakpoint pending on",
+               "-ex", "set pagination off",
+               "-ex", "set print frame-arguments none")
 
 
 def gdb_available():
@@ -448,11 +455,7 @@ def gdb_backtrace(args, breakpoint, *, env=None, timeout=TIMEOUT,
     without a symbol is "??".
     """
     proc = subprocess.run(
-        ["gdb", "-batch", "-nx",
-         "-iex", "set debuginfod enabled off",
-         "-iex", "set auto-load no",
-         "-ex", "set pagination off",
-         "-ex", "set print frame-arguments none",
+        ["gdb", *GDB_OPTIONS,
          "-ex", f"break {breakpoint}",
          *(["-ex", f"condition 1 {condition}"] if condition else []),
          "-ex", "run", "-ex", "bt", "-ex", "kill",
