@@ -9,16 +9,14 @@
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 
-VERSION=3.11.2
-SHA256=2411c74bda5bbcfcddaf4531f66d1adc73f247f529aee981b029513aefdbf849
 CACHE_DIR=${PERF_TRAMPOLINE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/perf-trampolines}
-CACHED=$CACHE_DIR/Python-$VERSION.tgz
+CACHED=$CACHE_DIR/Python-$CPYTHON_VERSION.tgz
 tried=()
 
 say() { echo "fetch-source: $*" >&2; }
 
 verified() {
-    [ -f "$1" ] && [ "$(sha256sum "$1" | cut -d' ' -f1)" = "$SHA256" ]
+    [ -f "$1" ] && [ "$(sha256sum "$1" | cut -d' ' -f1)" = "$CPYTHON_SHA256" ]
 }
 
 store() {
@@ -41,8 +39,8 @@ from_apt() {
     # (run in the empty work dir: apt skips files already in the cwd)
     read -r uri name _ hash < <(cd "$work" && private_apt "$work" apt-get source \
         --print-uris python3.11 2>/dev/null |
-        awk -v want="_$VERSION.orig.tar.gz" 'index($0, want) && !found++') || {
-        say "no python3.11 $VERSION orig tarball in the source archive"; return 1
+        awk -v want="_$CPYTHON_VERSION.orig.tar.gz" 'index($0, want) && !found++') || {
+        say "no python3.11 $CPYTHON_VERSION orig tarball in the source archive"; return 1
     }
     uri=${uri//\'/}
     say "downloading $name"
@@ -54,7 +52,7 @@ from_apt() {
 
 from_python_org() {
     command -v curl >/dev/null || return 1
-    local tmp url=https://www.python.org/ftp/python/$VERSION/Python-$VERSION.tgz
+    local tmp url=https://www.python.org/ftp/python/$CPYTHON_VERSION/Python-$CPYTHON_VERSION.tgz
     tmp=$(mktemp)
     say "downloading $url"
     if curl -fsSL --connect-timeout 15 -o "$tmp" "$url" && verified "$tmp"; then
@@ -68,7 +66,7 @@ if [ -n "${CPYTHON_TARBALL:-}" ]; then
     if verified "$CPYTHON_TARBALL"; then
         echo "$CPYTHON_TARBALL"; exit 0
     fi
-    say "error: CPYTHON_TARBALL=$CPYTHON_TARBALL is missing or its sha256 is not $SHA256"
+    say "error: CPYTHON_TARBALL=$CPYTHON_TARBALL is missing or its sha256 is not $CPYTHON_SHA256"
     exit 1
 fi
 tried+=("\$CPYTHON_TARBALL (unset)")
@@ -84,7 +82,7 @@ tried+=("Debian source archive via apt")
 if from_python_org; then echo "$CACHED"; exit 0; fi
 tried+=("python.org over https")
 
-say "error: no verified Python-$VERSION.tgz (sha256 $SHA256). Tried:"
+say "error: no verified Python-$CPYTHON_VERSION.tgz (sha256 $CPYTHON_SHA256). Tried:"
 for t in "${tried[@]}"; do say "  - $t"; done
-say "Download it by hand and run again with CPYTHON_TARBALL=/path/to/Python-$VERSION.tgz"
+say "Download it by hand and run again with CPYTHON_TARBALL=/path/to/Python-$CPYTHON_VERSION.tgz"
 exit 1

@@ -1,6 +1,9 @@
 # Shared definitions for the tree tools (sourced, not run).
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 TREE=$(realpath -m "${TREE:-$ROOT/build/cpython}")
+# The pristine source: Python-$CPYTHON_VERSION.tgz (tools/fetch-source.sh).
+CPYTHON_VERSION=3.11.2
+CPYTHON_SHA256=2411c74bda5bbcfcddaf4531f66d1adc73f247f529aee981b029513aefdbf849
 # Top-level directories of the CPython tree: files under these in the
 # repository are overlay files, copied into the tree at the same path.
 OVERLAY_DIRS=(Doc Grammar Include Lib Mac Misc Modules Objects PC PCbuild
