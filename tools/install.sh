@@ -24,10 +24,7 @@ patch=$(realpath "$1")
 prefix=$2
 destdir=${3:+$(realpath -m "$3")}
 shift 3
-case $prefix in
-/*) ;;
-*) say "error: PREFIX must be an absolute path, not '$prefix'"; exit 1 ;;
-esac
+absolute_prefix "$prefix"
 
 # It is unpacked afresh: never over an assembled tree (a TREE exported
 # for the other tools).
@@ -48,10 +45,4 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
 fi
 
 "$ROOT/tools/build.sh" "$TREE" --prefix="$prefix" "$@"
-say "make altinstall into ${destdir}$prefix (log: $TREE/install.log)"
-make -C "$TREE" altinstall DESTDIR="$destdir" >"$TREE/install.log" 2>&1 || {
-    tail -30 "$TREE/install.log" >&2
-    say "error: make altinstall failed; full log in $TREE/install.log"
-    exit 1
-}
-say "installed ${destdir}$prefix/bin/python3.11 (try: python3.11 -X perf)"
+altinstall "$TREE" "$prefix" "$destdir"

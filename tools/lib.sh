@@ -116,3 +116,29 @@ private_apt() {
         -o "Dir::State::Lists=$dir/lists" -o "Dir::Cache=$dir/cache" \
         -o "Debug::NoLocking=1" -o "APT::Sandbox::User=$(id -un)"
 }
+
+# absolute_prefix PREFIX: fails, saying why, unless PREFIX is an absolute
+# path (it is compiled into the interpreter).
+absolute_prefix() {
+    case $1 in
+    /*) ;;
+    *) echo "$(basename "$0" .sh): error: PREFIX must be an absolute path, not '$1'" >&2
+       return 1 ;;
+    esac
+}
+
+# altinstall DIR PREFIX DESTDIR: `make altinstall` of the built tree DIR
+# (configured for PREFIX) into DESTDIR/PREFIX; DESTDIR may be empty.
+# PREFIX/bin gets python3.11 and the other versioned names, never python3
+# or python, so no installed Python is replaced.
+altinstall() {
+    local me
+    me=$(basename "$0" .sh)
+    echo "$me: make altinstall into $3$2 (log: $1/install.log)" >&2
+    make -C "$1" altinstall DESTDIR="$3" >"$1/install.log" 2>&1 || {
+        tail -30 "$1/install.log" >&2
+        echo "$me: error: make altinstall failed; full log in $1/install.log" >&2
+        return 1
+    }
+    echo "$me: installed $3$2/bin/python3.11 (try: python3.11 -X perf)" >&2
+}
