@@ -27,7 +27,14 @@ DIST_PATCH := build/dist/cpython-3.11.2-perf-trampolines.patch
 PREFIX    ?= /usr/local
 DESTDIR   ?=
 
+# make debian: Debian 12's own python3.11 source (the orig tarball and
+# Debian's patch series, its newest revision) with the dist patch,
+# configured as Debian configures its shared build, for PREFIX
+# (tools/debian.sh).
+DEBIAN_TREE := build/cpython-debian
+
 .PHONY: all build deps deps-jit tree export dist install test test-fresh demo demo-jit nofp bench clean help
+.PHONY: deps-debian debian install-debian
 
 all: build
 
@@ -42,6 +49,8 @@ help:
 	@echo "make export     write edits in $(TREE) back to the overlay and patches/"
 	@echo "make dist       write $(DIST_PATCH) (patch -p1 on pristine 3.11.2)"
 	@echo "make install    build for PREFIX ($(PREFIX)) and install python3.11 there, as altinstall does"
+	@echo "make debian     build $(DEBIAN_TREE): Debian 12's python3.11 source and patches + ours"
+	@echo "make install-debian   install the Debian build for PREFIX, as altinstall does"
 	@echo "make deps       install missing Debian build dependencies (as root)"
 	@echo "make clean      remove build/"
 
@@ -52,6 +61,10 @@ deps:
 # inject --jit, in build/perf/.
 deps-jit: deps
 	@tools/install-deps.sh jit
+
+# What make debian's configuration (Debian's own) uses beyond ours.
+deps-debian: deps
+	@tools/install-deps.sh debian
 
 tree: deps
 	@tools/assemble.sh
@@ -72,6 +85,12 @@ dist: deps
 install: dist
 	@tools/install.sh $(DIST_PATCH) "$(PREFIX)" "$(DESTDIR)" $(BASE_FLAGS) \
 		$(CONFIGURE_FLAGS)
+
+debian: deps-debian dist
+	@tools/debian.sh $(DIST_PATCH) "$(PREFIX)" $(CONFIGURE_FLAGS)
+
+install-debian: deps-debian dist
+	@tools/debian.sh --install "$(DESTDIR)" $(DIST_PATCH) "$(PREFIX)" $(CONFIGURE_FLAGS)
 
 test: build nofp
 	@PERF_NOFP_PYTHON=$(CURDIR)/$(NOFP_TREE)/python tools/run-tests.sh

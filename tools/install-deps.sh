@@ -6,6 +6,8 @@
 #   tools/install-deps.sh          build, demo and test dependencies
 #   tools/install-deps.sh bench    ... plus hyperfine (kept for manual use)
 #   tools/install-deps.sh jit      ... plus a private perf >= 6.8 (below)
+#   tools/install-deps.sh debian   ... plus what make debian's configuration
+#                                  (Debian's own) uses beyond ours
 #   tools/install-deps.sh fresh    ... plus debootstrap (make test-fresh)
 #
 # Packages are installed without their recommends, so every package the
@@ -35,8 +37,12 @@ MODE=${1:-}
 case $MODE in
 "" | jit) ;;
 bench) PACKAGES+=(hyperfine) ;;
+# dpkg-buildflags, the system expat, Berkeley DB for dbm (Debian's
+# --with-dbmliborder=bdb:gdbm), dtrace for --with-dtrace, xz for Debian's
+# tarball.
+debian) PACKAGES+=(dpkg-dev libexpat1-dev libdb-dev systemtap-sdt-dev xz-utils) ;;
 fresh) PACKAGES=(debootstrap git) ;;
-*) echo "install-deps: unknown mode '$MODE' (expected: bench, jit, fresh)" >&2
+*) echo "install-deps: unknown mode '$MODE' (expected: bench, jit, debian, fresh)" >&2
    exit 2 ;;
 esac
 PERF_JIT_MIN=6.8
