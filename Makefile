@@ -34,7 +34,7 @@ DESTDIR   ?=
 DEBIAN_TREE := build/cpython-debian
 
 .PHONY: all build deps deps-jit tree export dist install test test-fresh demo demo-jit nofp bench clean help
-.PHONY: deps-debian debian install-debian
+.PHONY: deps-debian debian install-debian test-debian
 
 all: build
 
@@ -50,6 +50,7 @@ help:
 	@echo "make dist       write $(DIST_PATCH) (patch -p1 on pristine 3.11.2)"
 	@echo "make install    build for PREFIX ($(PREFIX)) and install python3.11 there, as altinstall does"
 	@echo "make debian     build $(DEBIAN_TREE): Debian 12's python3.11 source and patches + ours"
+	@echo "make test-debian   the tests of make test (less the tooling's) on the Debian build"
 	@echo "make install-debian   install the Debian build for PREFIX, as altinstall does"
 	@echo "make deps       install missing Debian build dependencies (as root)"
 	@echo "make clean      remove build/"
@@ -91,6 +92,11 @@ debian: deps-debian dist
 
 install-debian: deps-debian dist
 	@tools/debian.sh --install "$(DESTDIR)" $(DIST_PATCH) "$(PREFIX)" $(CONFIGURE_FLAGS)
+
+# Every test runs the Debian build (PERF_NOFP_PYTHON empty: perf_jit's
+# too); the tooling tests check the tools, once, in make test.
+test-debian: deps-jit debian
+	@TREE=$(DEBIAN_TREE) PERF_NOFP_PYTHON= tools/run-tests.sh --no-tooling
 
 test: build nofp
 	@PERF_NOFP_PYTHON=$(CURDIR)/$(NOFP_TREE)/python tools/run-tests.sh

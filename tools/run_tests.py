@@ -186,13 +186,25 @@ def main():
     print("run-tests: CPython's tests again with PYTHONPERFSUPPORT=1",
           flush=True)
     before = tooling.profiler_files()
-    log_dir = os.path.join(ROOT, "build", "test-logs")
+    # One directory per interpreter's tree: make test and make test-debian
+    # keep their own logs.
+    log_dir = os.path.join(ROOT, "build", "test-logs",
+                           os.path.basename(TREE))
     print("run-tests: our tests and the tooling tests (logs in "
           f"{log_dir})", flush=True)
+    # --no-tooling: the tooling tests check the repository's tools, not
+    # the interpreter; they run once, in `make test`, not again for each
+    # interpreter (`make test-debian`).
+    args = sys.argv[1:]
+    units = our_modules()
+    if "--no-tooling" in args:
+        args.remove("--no-tooling")
+    else:
+        units.append("test_tooling")
     totals = [0, 0, 0]
-    for counts in (run_unit_tests([*our_modules(), "test_tooling"], log_dir),
-                   run_regrtests(tests, sys.argv[1:]),
-                   run_regrtests(under_perf, [*ignored, *sys.argv[1:]],
+    for counts in (run_unit_tests(units, log_dir),
+                   run_regrtests(tests, args),
+                   run_regrtests(under_perf, [*ignored, *args],
                                  {"PYTHONPERFSUPPORT": "1"})):
         totals = [a + b for a, b in zip(totals, counts)]
     removed = tooling.remove_new_profiler_files(before)
