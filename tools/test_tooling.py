@@ -5,8 +5,11 @@ never touched, and never write to the repository: the throwaway tree is
 assembled from the repository itself, so exporting it must change nothing.
 """
 
+import hashlib
 import json
 import os
+import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -48,21 +51,38 @@ class FetchTests(unittest.TestCase):
         self.assertTrue(os.path.isfile(proc.stdout.strip()))
 
 
-class TreeTests(unittest.TestCase):
+def must_succeed(proc):
+    """Fail, with its stderr, if a tool's run failed."""
+    if proc.returncode != 0:
+        raise AssertionError(f"{proc.args[0]} failed: {proc.stderr}")
+
+
+class ScratchTestCase(unittest.TestCase):
+    """Tests sharing one temporary directory, cls.tmp, which the class's
+    prepare() fills; removed after the last test, or at once when
+    prepare() fails."""
 
     @classmethod
     def setUpClass(cls):
-        cls.tmp = tempfile.mkdtemp(prefix="perf-tree-test-")
-        cls.env = {"TREE": os.path.join(cls.tmp, "cpython")}
-        proc = run("assemble.sh", env=cls.env)
-        if proc.returncode != 0:
+        cls.tmp = os.path.realpath(tempfile.mkdtemp(prefix="perf-tooling-"))
+        try:
+            cls.prepare()
+        except BaseException:
             shutil.rmtree(cls.tmp)
-            raise AssertionError("assemble failed: " + proc.stderr)
-        cls.tree = cls.env["TREE"]
+            raise
 
     @classmethod
     def tearDownClass(cls):
         shutil.rmtree(cls.tmp)
+
+
+class TreeTests(ScratchTestCase):
+
+    @classmethod
+    def prepare(cls):
+        cls.env = {"TREE": os.path.join(cls.tmp, "cpython")}
+        must_succeed(run("assemble.sh", env=cls.env))
+        cls.tree = cls.env["TREE"]
 
     def git(self, *args):
         return subprocess.run(["git", "-C", self.tree, *args],
@@ -109,7 +129,7 @@ class TreeTests(unittest.TestCase):
         self.assertEqual(os.stat(path).st_mtime_ns, mtime)
 
 
-class DistInstallTests(unittest.TestCase):
+class DistInstallTests(ScratchTestCase):
     """make dist and make install, checked by one build: the dist patch
     applied to the pristine source (as make install does), configured for a
     temporary prefix, built and installed under DESTDIR as a packager
@@ -129,33 +149,17 @@ class DistInstallTests(unittest.TestCase):
         """
 
     @classmethod
-    def setUpClass(cls):
-        cls.tmp = os.path.realpath(tempfile.mkdtemp(prefix="perf-install-"))
-        try:
-            cls.dist_and_install()
-        except BaseException:
-            shutil.rmtree(cls.tmp)
-            raise
-
-    @classmethod
-    def dist_and_install(cls):
+    def prepare(cls):
         cls.patch = os.path.join(cls.tmp, "dist", "perf.patch")
         cls.prefix = os.path.join(cls.tmp, "prefix")
         stage = os.path.join(cls.tmp, "stage")
-        for proc in (
-                run("dist.sh", cls.patch,
-                    env={"TREE": os.path.join(cls.tmp, "cpython-dist")}),
-                run("install.sh", cls.patch, cls.prefix, stage,
-                    env={"TREE": os.path.join(cls.tmp, "cpython-install")})):
-            if proc.returncode != 0:
-                raise AssertionError(f"{proc.args[0]} failed: {proc.stderr}")
+        must_succeed(run("dist.sh", cls.patch,
+                         env={"TREE": os.path.join(cls.tmp, "cpython-dist")}))
+        must_succeed(run("install.sh", cls.patch, cls.prefix, stage,
+                         env={"TREE": os.path.join(cls.tmp, "cpython-install")}))
         cls.prefix_written = os.path.exists(cls.prefix)
         os.rename(stage + cls.prefix, cls.prefix)
         cls.python = os.path.join(cls.prefix, "bin", "python3.11")
-
-    @classmethod
-    def tearDownClass(cls):
-        shutil.rmtree(cls.tmp)
 
     def probe_names(self, python, *options, activate=False):
         """Run `python <options> PROBE [activate]`; return the names its
@@ -242,6 +246,130 @@ class DistInstallTests(unittest.TestCase):
                    env={"TREE": os.path.join(self.tmp, "unused")})
         self.assertEqual(proc.returncode, 1)
         self.assertIn("absolute", proc.stderr)
+
+
+def dpkg_newer(a, b):
+    """True if Debian version a is newer than b (dpkg's own ordering)."""
+    return subprocess.run(["dpkg", "--compare-versions", a, "gt", b]).returncode == 0
+
+
+class DebianTests(ScratchTestCase):
+    """make debian's inputs, in a temporary DEBIAN_WORK and TREE: the
+    Debian tarball fetch-debian.sh picks from the source index, and the
+    tree assembled from it with our patch on top of Debian's series
+    (make test-debian builds and tests such a tree)."""
+
+    PACKAGE = "python3.11"
+
+    @classmethod
+    def prepare(cls):
+        cls.work = os.path.join(cls.tmp, "debian")
+        cls.tree = os.path.join(cls.tmp, "cpython-debian")
+        patch = os.path.join(cls.tmp, "perf.patch")
+        env = {"DEBIAN_WORK": cls.work}
+        fetch = run("fetch-debian.sh", env=env)
+        must_succeed(fetch)
+        must_succeed(run("dist.sh", patch,
+                         env={"TREE": os.path.join(cls.tmp, "cpython-dist")}))
+        assemble = run("debian.sh", "--tree", patch, "/usr/local",
+                       env={**env, "TREE": cls.tree})
+        must_succeed(assemble)
+        cls.tarball = fetch.stdout.strip()
+        cls.fetch_log = fetch.stderr
+        cls.configure_args = assemble.stdout.splitlines()
+
+    def index(self):
+        """{revision: sha256 of its .debian.tar.xz} in the source index
+        that fetch-debian.sh read (through its private apt lists)."""
+        out = subprocess.run(
+            ["bash", "-c", '. "$1" && private_apt "$2" apt-cache showsrc "$3"',
+             "-", os.path.join(TOOLS, "lib.sh"),
+             os.path.join(self.work, "apt"), self.PACKAGE],
+            capture_output=True, text=True, check=True).stdout
+        revisions = {}
+        for paragraph in out.split("\n\n"):
+            package = re.search(r"^Package: (\S+)$", paragraph, re.M)
+            version = re.search(r"^Version: (3\.11\.2-\S+)$", paragraph, re.M)
+            tarball = re.search(r"^ ([0-9a-f]{64}) \d+ \S+\.debian\.tar\.xz$",
+                                paragraph, re.M)
+            if package and package[1] == self.PACKAGE and version and tarball:
+                revisions[version[1]] = tarball[1]
+        return revisions
+
+    def revision(self):
+        name = os.path.basename(self.tarball)
+        match = re.fullmatch(r"python3\.11_(3\.11\.2-.+)\.debian\.tar\.xz",
+                             name)
+        self.assertIsNotNone(match, name)
+        return match[1]
+
+    def sha256(self, path):
+        with open(path, "rb") as f:
+            return hashlib.sha256(f.read()).hexdigest()
+
+    def test_newest_revision_that_downloads(self):
+        index = self.index()
+        chosen = self.revision()
+        self.assertEqual(self.sha256(self.tarball), index.get(chosen))
+        # Each newer revision was tried and said to be unavailable.
+        for newer in (r for r in index if dpkg_newer(r, chosen)):
+            self.assertRegex(self.fetch_log,
+                             rf"{re.escape(newer)}: .* could not be downloaded")
+
+    def test_tarball_that_does_not_match_is_fetched_again(self):
+        good = self.sha256(self.tarball)
+        with open(self.tarball, "r+b") as f:
+            f.write(b"tampered")
+        proc = run("fetch-debian.sh", env={"DEBIAN_WORK": self.work})
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        self.assertEqual(proc.stdout.strip(), self.tarball)
+        self.assertIn("does not match the index", proc.stderr)
+        self.assertEqual(self.sha256(self.tarball), good)
+
+    def test_our_patch_on_debians_series(self):
+        def read(path):
+            with open(os.path.join(self.tree, path)) as f:
+                return f.read()
+        # Debian's install schemes (sysconfig-debian-schemes.diff) ...
+        self.assertIn("'deb_system'", read("Lib/sysconfig.py"))
+        # ... our files and changes, and configure made from both
+        # configure.acs (Debian's link-opt.diff is in it).
+        self.assertIn("_PyPerf_", read("Python/ceval.c"))
+        configure = read("configure")
+        self.assertIn("PY_HAVE_PERF_TRAMPOLINE", configure)
+        self.assertIn("-Wl,-Bsymbolic-functions", configure)
+
+    def test_configured_as_debian_configures(self):
+        rules = os.path.join(self.tree, "debian", "rules")
+        with open(rules) as f:
+            text = f.read()
+        # common_configure_args: continued lines up to the first blank one.
+        args = []
+        for line in text.split("common_configure_args = \\\n", 1)[1].splitlines():
+            if not line.strip():
+                break
+            args += shlex.split(line.rstrip(" \t\\"))
+        order = re.search(r"^\s*dbmliborder\s*=\s*(\S+)", text, re.M)[1]
+        debian = {arg.replace("$(dbmliborder)", order) for arg in args
+                  if not arg.startswith(("--prefix=", "--libdir="))}
+        # The shared build's, and libffi's on every architecture we build.
+        debian |= {"--enable-shared", "--with-system-ffi"}
+        self.assertIn("--with-system-ffi", text)
+        ours = {arg for arg in self.configure_args
+                if not arg.startswith(("--prefix=", "CFLAGS=", "CPPFLAGS=",
+                                       "LDFLAGS=", "LDFLAGS_NODIST="))}
+        self.assertEqual(ours, debian)
+        flags = dict(arg.split("=", 1) for arg in self.configure_args
+                     if arg.split("=", 1)[0] in ("CFLAGS", "CPPFLAGS"))
+        self.assertIn("-fstack-protector", flags["CFLAGS"].split())
+        self.assertNotRegex(flags["CFLAGS"], r"(^| )-O")
+        self.assertIn("-D_FORTIFY_SOURCE=2", flags["CPPFLAGS"].split())
+
+    def test_minimal_extensions_are_built_in(self):
+        with open(os.path.join(self.tree, "Modules", "Setup.local")) as f:
+            modules = {line.split()[0] for line in f if line.strip()}
+        # Two that python3.11-minimal lists, one of them ours to patch.
+        self.assertLessEqual({"_posixsubprocess", "math"}, modules)
 
 
 class CountTests(unittest.TestCase):
