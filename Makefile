@@ -93,13 +93,15 @@ debian: deps-debian dist
 install-debian: deps-debian dist
 	@tools/debian.sh --install "$(DESTDIR)" $(DIST_PATCH) "$(PREFIX)" $(CONFIGURE_FLAGS)
 
-# Every test runs the Debian build (PERF_NOFP_PYTHON empty: perf_jit's
-# too); the tooling tests check the tools, once, in make test.
-test-debian: deps-jit debian
-	@TREE=$(DEBIAN_TREE) PERF_NOFP_PYTHON= tools/run-tests.sh --no-tooling
+# make test runs every test with our build, then with the Debian build;
+# make test-debian with the Debian build only, less the tooling tests.
+test: build nofp debian
+	@PERF_NOFP_PYTHON=$(CURDIR)/$(NOFP_TREE)/python tools/run-tests.sh \
+		--also $(DEBIAN_TREE)
 
-test: build nofp
-	@PERF_NOFP_PYTHON=$(CURDIR)/$(NOFP_TREE)/python tools/run-tests.sh
+test-debian: nofp debian
+	@TREE=$(DEBIAN_TREE) PERF_NOFP_PYTHON=$(CURDIR)/$(NOFP_TREE)/python \
+		tools/run-tests.sh --no-tooling
 
 # The README's two commands in a clean Debian 12 root (what CI runs).
 test-fresh:

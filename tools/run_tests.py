@@ -1,5 +1,9 @@
 """Run the project's tests and print one closing line of counts.
 
+All of them run with the interpreter of each tree given: $TREE (our
+build), then each --also tree (make test: the Debian build); the counts
+of all trees add up in the closing line.
+
 Our own package (Lib/test/test_perf_profiler) and the tooling tests
 (tools/test_tooling.py) run through tools/unit_counts.py, which accounts
 for every test case with unittest's own result: each failing subTest,
@@ -14,18 +18,19 @@ regrtest failure without a failing case; it is counted as one failed case
 so it cannot go unnoticed.
 """
 
+import argparse
 import concurrent.futures
 import json
 import os
 import subprocess
 import sys
-import sysconfig
 import tempfile
 
 import tooling
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TREE = os.environ.get("TREE", os.path.join(ROOT, "build", "cpython"))
+TREE = os.path.abspath(os.environ.get("TREE",
+                                      os.path.join(ROOT, "build", "cpython")))
 
 # The upstream tests covering what we patch.
 REGRTESTS = ["test_sys", "test_cmd_line", "test_embed",
@@ -72,13 +77,14 @@ def known_differences():
     return KNOWN_DIFFERENCES
 
 
-def run_regrtests(tests, extra_args, env_extra=None):
+def run_regrtests(tree, tests, extra_args, env_extra=None):
     with tempfile.TemporaryDirectory() as tmp:
         xml = os.path.join(tmp, "junit.xml")
-        cmd = [sys.executable, "-m", "test", "-j", str(os.cpu_count() or 2),
-               "--timeout", "1200", "--junit-xml", xml, *extra_args, *tests]
+        cmd = [os.path.join(tree, "python"), "-m", "test",
+               "-j", str(os.cpu_count() or 2), "--timeout", "1200",
+               "--junit-xml", xml, *extra_args, *tests]
         print("run-tests:", " ".join(cmd), flush=True)
-        proc = subprocess.run(cmd, cwd=TREE,
+        proc = subprocess.run(cmd, cwd=tree,
                               env=tooling.clean_environment(env_extra))
         cases = tooling.junit_cases(xml)
     passed, failed, skipped = count_outcomes(cases or [])
@@ -93,12 +99,15 @@ def run_regrtests(tests, extra_args, env_extra=None):
     return passed, failed, skipped
 
 
-def feature_disabled_on_purpose():
-    args = sysconfig.get_config_var("CONFIG_ARGS") or ""
-    return "--disable-perf-trampoline" in args
+def feature_disabled_on_purpose(tree):
+    args = subprocess.run(
+        [os.path.join(tree, "python"), "-c",
+         "import sysconfig; print(sysconfig.get_config_var('CONFIG_ARGS'))"],
+        capture_output=True, text=True, env=tooling.clean_environment())
+    return "--disable-perf-trampoline" in args.stdout
 
 
-def run_unit_module(module, log_dir):
+def run_unit_module(tree, module, log_dir):
     """Run one test module in the interpreter under test through
     unit_counts.py; return (module, outcomes, log path, exit status)."""
     out = os.path.join(log_dir, module + ".json")
@@ -109,7 +118,8 @@ def run_unit_module(module, log_dir):
         pass
     with open(log, "w") as f:
         proc = subprocess.run(
-            [sys.executable, os.path.join(ROOT, "tools", "unit_counts.py"),
+            [os.path.join(tree, "python"),
+             os.path.join(ROOT, "tools", "unit_counts.py"),
              out, module],
             stdout=f, stderr=subprocess.STDOUT, cwd=log_dir,
             env=tooling.clean_environment())
@@ -123,26 +133,26 @@ def run_unit_module(module, log_dir):
     return module, outcomes, log, proc.returncode
 
 
-def our_modules():
-    package = os.path.join(TREE, "Lib", "test", "test_perf_profiler")
+def our_modules(tree):
+    package = os.path.join(tree, "Lib", "test", "test_perf_profiler")
     names = sorted(name[:-3] for name in os.listdir(package)
                    if name.startswith("test_") and name.endswith(".py"))
     return [f"test.test_perf_profiler.{name}" for name in names]
 
 
-def run_unit_tests(modules, log_dir):
+def run_unit_tests(tree, modules, log_dir):
     """Our package's modules (and the tooling tests), two at a time."""
     os.makedirs(log_dir, exist_ok=True)
     totals = [0, 0, 0]
     jobs = min(len(modules), os.cpu_count() or 2)
     with concurrent.futures.ThreadPoolExecutor(jobs) as pool:
         for module, outcomes, log, status in pool.map(
-                lambda m: run_unit_module(m, log_dir), modules):
+                lambda m: run_unit_module(tree, m, log_dir), modules):
             passed = outcomes["passed"]
             failed = outcomes["failed"]
             skipped = outcomes["skipped"]
             if outcomes.get("module_skipped"):
-                if feature_disabled_on_purpose():
+                if feature_disabled_on_purpose(tree):
                     print(f"run-tests: {module} skipped: this build was "
                           "configured --disable-perf-trampoline")
                 else:
@@ -164,7 +174,46 @@ def run_unit_tests(modules, log_dir):
     return totals
 
 
+def run_tree(tree, regrtest_args, tooling_tests):
+    """Our package (and the tooling tests), then the regression tests,
+    with the interpreter of `tree`; return the counts."""
+    tests = [t for t in REGRTESTS
+             if os.path.exists(os.path.join(tree, "Lib", "test", t))
+             or os.path.exists(os.path.join(tree, "Lib", "test", t + ".py"))]
+    under_perf = list(dict.fromkeys(REGRTESTS_UNDER_PERF))
+    ignored = []
+    for test_id, reason in known_differences().items():
+        print(f"run-tests: under perf, not running {test_id}: {reason}")
+        ignored += ["-i", test_id.rsplit(".", 1)[-1]]
+    # One directory of logs per tree.
+    log_dir = os.path.join(ROOT, "build", "test-logs", os.path.basename(tree))
+    print(f"run-tests: {tree}: our tests"
+          f"{' and the tooling tests' if tooling_tests else ''}, then "
+          "CPython's, then CPython's again with PYTHONPERFSUPPORT=1 "
+          f"(logs in {log_dir})", flush=True)
+    units = our_modules(tree) + (["test_tooling"] if tooling_tests else [])
+    totals = [0, 0, 0]
+    for counts in (run_unit_tests(tree, units, log_dir),
+                   run_regrtests(tree, tests, regrtest_args),
+                   run_regrtests(tree, under_perf,
+                                 [*ignored, *regrtest_args],
+                                 {"PYTHONPERFSUPPORT": "1"})):
+        totals = [a + b for a, b in zip(totals, counts)]
+    print(f"run-tests: {tree}: {totals[0]} passed, {totals[1]} failed, "
+          f"{totals[2]} skipped", flush=True)
+    return totals
+
+
 def main():
+    parser = argparse.ArgumentParser(
+        description="Run our tests and CPython's with the interpreter of "
+        "$TREE, then of each --also tree; other arguments go to regrtest.")
+    parser.add_argument("--also", action="append", default=[],
+                        metavar="TREE", help="another built tree to test")
+    parser.add_argument("--no-tooling", action="store_true",
+                        help="leave out the tooling tests (they check the "
+                        "repository's tools, not an interpreter)")
+    options, regrtest_args = parser.parse_known_args()
     # The tests about KeyboardInterrupt need SIGINT's usual action even
     # when this runs in the background.
     tooling.restore_signals()
@@ -175,37 +224,12 @@ def main():
     dropped = tooling.python_variables()
     if dropped:
         print("run-tests: running without", " ".join(dropped), flush=True)
-    tests = [t for t in REGRTESTS
-             if os.path.exists(os.path.join(TREE, "Lib", "test", t))
-             or os.path.exists(os.path.join(TREE, "Lib", "test", t + ".py"))]
-    under_perf = list(dict.fromkeys(REGRTESTS_UNDER_PERF))
-    ignored = []
-    for test_id, reason in known_differences().items():
-        print(f"run-tests: under perf, not running {test_id}: {reason}")
-        ignored += ["-i", test_id.rsplit(".", 1)[-1]]
-    print("run-tests: CPython's tests again with PYTHONPERFSUPPORT=1",
-          flush=True)
     before = tooling.profiler_files()
-    # One directory per interpreter's tree: make test and make test-debian
-    # keep their own logs.
-    log_dir = os.path.join(ROOT, "build", "test-logs",
-                           os.path.basename(TREE))
-    print("run-tests: our tests and the tooling tests (logs in "
-          f"{log_dir})", flush=True)
-    # --no-tooling: the tooling tests check the repository's tools, not
-    # the interpreter; they run once, in `make test`, not again for each
-    # interpreter (`make test-debian`).
-    args = sys.argv[1:]
-    units = our_modules()
-    if "--no-tooling" in args:
-        args.remove("--no-tooling")
-    else:
-        units.append("test_tooling")
     totals = [0, 0, 0]
-    for counts in (run_unit_tests(units, log_dir),
-                   run_regrtests(tests, args),
-                   run_regrtests(under_perf, [*ignored, *args],
-                                 {"PYTHONPERFSUPPORT": "1"})):
+    trees = [TREE, *(os.path.abspath(t) for t in options.also)]
+    for i, tree in enumerate(trees):
+        counts = run_tree(tree, regrtest_args,
+                          tooling_tests=i == 0 and not options.no_tooling)
         totals = [a + b for a, b in zip(totals, counts)]
     removed = tooling.remove_new_profiler_files(before)
     print(f"run-tests: removed {removed} profiler files left in /tmp")

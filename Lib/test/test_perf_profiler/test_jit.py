@@ -17,7 +17,7 @@ trampoline.  These tests
 The dumps and the perf workflow use the interpreter named by the
 environment variable PERF_NOFP_PYTHON (a build configured
 --without-frame-pointers, where only this backend can show Python frames),
-or sys.executable when it is unset or empty (empty: by choice).  perf inject --jit needs perf >= 6.8 (the environment
+or sys.executable.  perf inject --jit needs perf >= 6.8 (the environment
 variable PERF may name the perf binary; default: "perf" on PATH).
 """
 
@@ -971,11 +971,6 @@ class PerfJitWorkflowTests(JitTestCase):
             skip_environment(reason)
 
     def test_interpreter_without_frame_pointers(self):
-        # Empty: sys.executable on purpose (make test-debian tests the
-        # Debian build, which has frame pointers, with every backend).
-        if os.environ.get("PERF_NOFP_PYTHON") == "":
-            self.skipTest("PERF_NOFP_PYTHON is empty: the workflow runs on "
-                          "sys.executable, by choice")
         if "PERF_NOFP_PYTHON" not in os.environ:
             skip_environment("PERF_NOFP_PYTHON is not set: the workflow runs "
                           "on sys.executable")
