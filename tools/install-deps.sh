@@ -30,6 +30,8 @@ PACKAGES=(build-essential pkg-config autoconf2.69 git patch libffi-dev zlib1g-de
           libncurses-dev uuid-dev libgdbm-dev libgdbm-compat-dev gdb
           linux-perf binutils gcc-aarch64-linux-gnu libc6-dev-arm64-cross
           qemu-user-static systemtap-sdt-dev
+          # test_probes: a bpftrace one-liner on the probes under -X perf
+          bpftrace
           # Debian's compiled extensions, run by test_extensions under -X perf
           python3-numpy python3-lxml python3-yaml python3-greenlet
           python3-gevent)
@@ -38,9 +40,8 @@ case $MODE in
 "" | jit) ;;
 bench) PACKAGES+=(hyperfine) ;;
 # dpkg-buildflags, the system expat, Berkeley DB for dbm (Debian's
-# --with-dbmliborder=bdb:gdbm), dtrace for --with-dtrace, xz for Debian's
-# tarball.
-debian) PACKAGES+=(dpkg-dev libexpat1-dev libdb-dev systemtap-sdt-dev xz-utils) ;;
+# --with-dbmliborder=bdb:gdbm), xz for Debian's tarball.
+debian) PACKAGES+=(dpkg-dev libexpat1-dev libdb-dev xz-utils) ;;
 fresh) PACKAGES=(debootstrap git) ;;
 *) echo "install-deps: unknown mode '$MODE' (expected: bench, jit, debian, fresh)" >&2
    exit 2 ;;

@@ -11,6 +11,7 @@ import shutil
 import subprocess
 import sys
 import sysconfig
+import tempfile
 import unittest
 
 from test.test_perf_profiler.util import (
@@ -98,6 +99,40 @@ class ProbeTests(unittest.TestCase):
         self.assertIn("Breakpoint 1, ", output)
         self.assertIn("py_trampoline", names, output)
         self.assertIn("Py_BytesMain", names, output)
+
+    def test_bpftrace_through_trampolines(self):
+        # A bpftrace one-liner written for Debian's python3.11, on ours
+        # with -X perf: it attaches by probe name and reads the function's
+        # name from the probe's second argument.
+        bpftrace = shutil.which("bpftrace")
+        if bpftrace is None:
+            skip_environment("bpftrace is not installed")
+        check = subprocess.run(
+            [bpftrace, "-e", 'BEGIN { printf("loaded\\n"); exit(); }'],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            timeout=TIMEOUT)
+        if "loaded" not in check.stdout:
+            skip_environment("the kernel does not let bpftrace load a "
+                             f"program: {check.stderr.strip()[-300:]}")
+        program = (f"usdt:{probes_object()}:python:function__entry "
+                   '/str(uptr(arg1)) == "probe_target"/ '
+                   '{ printf("fired %s\\n", str(uptr(arg1))); }')
+        with tempfile.TemporaryDirectory() as tmp:
+            script = os.path.join(tmp, "target.py")
+            with open(script, "w") as f:
+                f.write("import sys\n"
+                        "def probe_target():\n"
+                        "    return sys.is_stack_trampoline_active()\n"
+                        "sys.settrace(lambda *args: None)\n"
+                        "print('active', probe_target())\n")
+            proc = subprocess.run(
+                [bpftrace, "-e", program,
+                 "-c", f"{sys.executable} -X perf {script}"],
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                env=clean_env(), timeout=TIMEOUT)
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        self.assertIn("active True\n", proc.stdout, proc.stderr)
+        self.assertIn("fired probe_target\n", proc.stdout, proc.stderr)
 
 
 if __name__ == "__main__":
