@@ -84,7 +84,12 @@
  * expects (gdb reads entries, not owners).  Between shared objects the
  * dynamic linker binds every reference to the first definition in search
  * order, weak or not: a JIT library loaded into python appends to the
- * same list as we do.  The list is changed with the GIL held; another JIT
+ * same list as we do.  Not calls from a library linked
+ * -Bsymbolic-functions (Debian's libpython), which bind to its own
+ * function while the descriptor, data, is the first definition: with a
+ * program that has its own pair, gdb would be told through the wrong
+ * object file, whose list is empty.  So the function is looked up as the
+ * descriptor is, once, by name (gdb_state.register_code).  The list is changed with the GIL held; another JIT
  * changing it from a thread without the GIL could race with us, as with
  * any two registrants of one list.
  *
@@ -100,6 +105,7 @@
 
 #ifdef PY_HAVE_PERF_TRAMPOLINE
 
+#include <dlfcn.h>                // dlsym()
 #include <elf.h>                  // Elf64_Ehdr, Elf64_Shdr, Elf64_Sym
 #include <errno.h>
 #include <stdint.h>
@@ -203,6 +209,7 @@ typedef enum {
 static struct {
     gdb_jit_status status;
     _PyPerf_TemplateCFI cfi;
+    void (*register_code)(void);    /* the first __jit_debug_register_code */
 } gdb_state;
 
 /* ----------------------------------------------------------------------
@@ -363,6 +370,12 @@ _PyPerf_GdbRegisterCode(const void *code, size_t size, size_t slot_size)
             _PyPerf_EM_HOST, (const uint8_t *)_PyPerf_TemplateStart,
             _PyPerf_TemplateEnd - _PyPerf_TemplateStart, &gdb_state.cfi, 0);
         gdb_state.status = res < 0 ? GDB_JIT_FAILED : GDB_JIT_OK;
+        /* NULL when the program does not export it: then ours is the one
+           the descriptor goes with. */
+        void *first = dlsym(RTLD_DEFAULT, "__jit_debug_register_code");
+        gdb_state.register_code = (first != NULL
+                                   ? (void (*)(void))first
+                                   : __jit_debug_register_code);
         errno = saved;
     }
     if (gdb_state.status != GDB_JIT_OK
@@ -386,7 +399,7 @@ _PyPerf_GdbRegisterCode(const void *code, size_t size, size_t slot_size)
     d->first_entry = entry;
     d->relevant_entry = entry;
     d->action_flag = JIT_REGISTER_FN;
-    __jit_debug_register_code();
+    gdb_state.register_code();
     d->action_flag = JIT_NOACTION;
     d->relevant_entry = NULL;
 }

@@ -1987,23 +1987,27 @@ main(int argc, char **argv)
 """
 
     def test_host_with_its_own_pair(self):
+        srcdir = sysconfig.get_config_var("srcdir")
         if sysconfig.get_config_var("Py_ENABLE_SHARED"):
-            self.skipTest("a shared libpython build has no static library")
-        library = os.path.join(sysconfig.get_config_var("srcdir"),
-                               sysconfig.get_config_var("LIBRARY"))
-        if not os.path.exists(library):
-            skip_environment(f"needs the build directory's {library}")
+            # The build's libpython.so: its uses of the pair must bind to
+            # the program's, even linked -Bsymbolic-functions (Debian).
+            name = sysconfig.get_config_var("LDLIBRARY")
+            library = [f"-L{srcdir}", f"-l:{name}", f"-Wl,-rpath,{srcdir}"]
+        else:
+            name = sysconfig.get_config_var("LIBRARY")
+            library = [os.path.join(srcdir, name)]
+        if not os.path.exists(os.path.join(srcdir, name)):
+            skip_environment(f"needs the build directory's {name}")
         cc = shutil.which(sysconfig.get_config_var("CC").split()[0])
         if cc is None:
             skip_environment("needs the C compiler Python was built with")
-        srcdir = sysconfig.get_config_var("srcdir")
         source = write_script(self.tmpdir, self.HOST, "host.c")
         host = os.path.join(self.tmpdir, "host")
         libs = " ".join(sysconfig.get_config_var(name) or "" for name in
                         ("LIBS", "SYSLIBS", "MODLIBS", "LINKFORSHARED"))
         build = subprocess.run(
             [cc, "-I", os.path.join(srcdir, "Include"), "-I", srcdir,
-             source, library, *libs.split(), "-o", host],
+             source, *library, *libs.split(), "-o", host],
             capture_output=True, text=True)
         self.assertEqual(build.returncode, 0, build.stderr)
         with open(os.path.join(srcdir, "pybuilddir.txt")) as f:
