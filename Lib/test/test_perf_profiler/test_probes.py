@@ -11,7 +11,6 @@ import shutil
 import subprocess
 import sys
 import sysconfig
-import tempfile
 import unittest
 
 from test.test_perf_profiler.util import (
@@ -96,14 +95,16 @@ class ProbeTests(unittest.TestCase):
             "-probe-stap python:function__entry",
             condition='$_streq((char *)$_probe_arg1, "probe_target")',
             env=clean_env())
-        self.assertIn("Breakpoint 1, ", output)
+        self.assertIn("Breakpoint 2, ", output)
         self.assertIn("py_trampoline", names, output)
         self.assertIn("Py_BytesMain", names, output)
 
     def test_bpftrace_through_trampolines(self):
         # A bpftrace one-liner written for Debian's python3.11, on ours
-        # with -X perf: it attaches by probe name and reads the function's
-        # name from the probe's second argument.
+        # with -X perf: it attaches by probe name to a running process and
+        # reads the function's name from the probe's second argument.
+        # (bpftrace -c attaches before a shared libpython is loaded, and
+        # finds no probe there; -p is what users run on a service.)
         bpftrace = shutil.which("bpftrace")
         if bpftrace is None:
             skip_environment("bpftrace is not installed")
@@ -116,24 +117,32 @@ class ProbeTests(unittest.TestCase):
                              f"program: {check.stderr.strip()[-300:]}")
         program = (f"usdt:{probes_object()}:python:function__entry "
                    '/str(uptr(arg1)) == "probe_target"/ '
-                   '{ printf("fired %s\\n", str(uptr(arg1))); }')
-        with tempfile.TemporaryDirectory() as tmp:
-            script = os.path.join(tmp, "target.py")
-            with open(script, "w") as f:
-                f.write("import sys\n"
-                        "def probe_target():\n"
-                        "    return sys.is_stack_trampoline_active()\n"
-                        "sys.settrace(lambda *args: None)\n"
-                        "print('active', probe_target())\n")
+                   '{ printf("fired %s\\n", str(uptr(arg1))); exit(); }')
+        # Calls probe_target until its standard input is closed.
+        code = ("import select, sys\n"
+                "def probe_target():\n"
+                "    return sys.is_stack_trampoline_active()\n"
+                "sys.settrace(lambda *args: None)\n"
+                "print('active', probe_target(), flush=True)\n"
+                "while not select.select([sys.stdin], [], [], 0.01)[0]:\n"
+                "    probe_target()\n")
+        target = subprocess.Popen(
+            [sys.executable, "-X", "perf", "-c", code],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+            env=clean_env())
+        try:
+            self.assertEqual(target.stdout.readline(), "active True\n")
             proc = subprocess.run(
-                [bpftrace, "-e", program,
-                 "-c", f"{sys.executable} -X perf {script}"],
+                [bpftrace, "-p", str(target.pid), "-e", program],
                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                env=clean_env(), timeout=TIMEOUT)
+                timeout=TIMEOUT)
+        finally:
+            target.stdin.close()
+            target.wait(timeout=TIMEOUT)
+            target.stdout.close()
         self.assertEqual(proc.returncode, 0, proc.stderr)
-        self.assertIn("active True\n", proc.stdout, proc.stderr)
         self.assertIn("fired probe_target\n", proc.stdout, proc.stderr)
-
+        self.assertEqual(target.returncode, 0)
 
 if __name__ == "__main__":
     unittest.main()

@@ -449,16 +449,24 @@ def gdb_available():
 def gdb_backtrace(args, breakpoint, *, env=None, timeout=TIMEOUT,
                   condition=None):
     """Run `args` under gdb -batch, stop at `breakpoint` (where the gdb
-    expression `condition` holds, if given), take a "bt".
+    expression `condition` holds, if given: then it is breakpoint 2),
+    take a "bt".
 
     Returns (frame names outermost last, gdb's whole output).  A frame
     without a symbol is "??".
     """
+    if condition:
+        # gdb drops the condition of a pending breakpoint (libpython of a
+        # shared build is not loaded before "run") when it resolves it:
+        # set both at main, when every library is there.
+        commands = ["tbreak main", "run", f"break {breakpoint}",
+                    f"condition 2 {condition}", "continue"]
+    else:
+        commands = [f"break {breakpoint}", "run"]
     proc = subprocess.run(
         ["gdb", *GDB_OPTIONS,
-         "-ex", f"break {breakpoint}",
-         *(["-ex", f"condition 1 {condition}"] if condition else []),
-         "-ex", "run", "-ex", "bt", "-ex", "kill",
+         *(arg for command in [*commands, "bt", "kill"]
+           for arg in ("-ex", command)),
          "--args", *args],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         errors="backslashreplace", env=clean_env() if env is None else env,
