@@ -129,11 +129,8 @@ class TreeTests(ScratchTestCase):
         self.assertEqual(os.stat(path).st_mtime_ns, mtime)
 
 
-class DistInstallTests(ScratchTestCase):
-    """make dist and make install, checked by one build: the dist patch
-    applied to the pristine source (as make install does), configured for a
-    temporary prefix, built and installed under DESTDIR as a packager
-    would, then moved to its prefix and run there and from a venv."""
+class ProbeMixin:
+    """Runs PROBE with an interpreter built by the tools."""
 
     # Run as `python PROBE [activate]`: with "activate" it switches
     # trampolines on itself, before probe() first runs.
@@ -147,19 +144,6 @@ class DistInstallTests(ScratchTestCase):
             sys.activate_stack_trampoline("perf")
         probe()
         """
-
-    @classmethod
-    def prepare(cls):
-        cls.patch = os.path.join(cls.tmp, "dist", "perf.patch")
-        cls.prefix = os.path.join(cls.tmp, "prefix")
-        stage = os.path.join(cls.tmp, "stage")
-        must_succeed(run("dist.sh", cls.patch,
-                         env={"TREE": os.path.join(cls.tmp, "cpython-dist")}))
-        must_succeed(run("install.sh", cls.patch, cls.prefix, stage,
-                         env={"TREE": os.path.join(cls.tmp, "cpython-install")}))
-        cls.prefix_written = os.path.exists(cls.prefix)
-        os.rename(stage + cls.prefix, cls.prefix)
-        cls.python = os.path.join(cls.prefix, "bin", "python3.11")
 
     def probe_names(self, python, *options, activate=False):
         """Run `python <options> PROBE [activate]`; return the names its
@@ -183,6 +167,26 @@ class DistInstallTests(ScratchTestCase):
                         if entry.filename == script]
             finally:
                 files.cleanup()
+
+
+class DistInstallTests(ProbeMixin, ScratchTestCase):
+    """make dist and make install, checked by one build: the dist patch
+    applied to the pristine source (as make install does), configured for a
+    temporary prefix, built and installed under DESTDIR as a packager
+    would, then moved to its prefix and run there and from a venv."""
+
+    @classmethod
+    def prepare(cls):
+        cls.patch = os.path.join(cls.tmp, "dist", "perf.patch")
+        cls.prefix = os.path.join(cls.tmp, "prefix")
+        stage = os.path.join(cls.tmp, "stage")
+        must_succeed(run("dist.sh", cls.patch,
+                         env={"TREE": os.path.join(cls.tmp, "cpython-dist")}))
+        must_succeed(run("install.sh", cls.patch, cls.prefix, stage,
+                         env={"TREE": os.path.join(cls.tmp, "cpython-install")}))
+        cls.prefix_written = os.path.exists(cls.prefix)
+        os.rename(stage + cls.prefix, cls.prefix)
+        cls.python = os.path.join(cls.prefix, "bin", "python3.11")
 
     def test_patch_holds_the_whole_project(self):
         listing = subprocess.run(
@@ -246,6 +250,49 @@ class DistInstallTests(ScratchTestCase):
                    env={"TREE": os.path.join(self.tmp, "unused")})
         self.assertEqual(proc.returncode, 1)
         self.assertIn("absolute", proc.stderr)
+
+
+class PyenvTests(ProbeMixin, ScratchTestCase):
+    """The README's pyenv line, `pyenv install --patch 3.11.2 < PATCH`,
+    with pyenv's own 3.11.2 recipe, offline: pyenv's download cache holds
+    the verified Python-3.11.2.tgz (under the name pyenv gives it), the
+    recipe's tarball where tar has no xz; the recipe checks its checksum."""
+
+    @classmethod
+    def prepare(cls):
+        pyenv = shutil.which("pyenv")
+        if pyenv is None:
+            raise unittest.SkipTest("pyenv is not installed")
+        root = subprocess.run([pyenv, "root"], capture_output=True,
+                              text=True, check=True).stdout.strip()
+        tarball = run("fetch-source.sh")
+        must_succeed(tarball)
+        patch = os.path.join(cls.tmp, "perf.patch")
+        must_succeed(run("dist.sh", patch,
+                         env={"TREE": os.path.join(cls.tmp, "cpython-dist")}))
+        cache = os.path.join(cls.tmp, "cache")
+        os.mkdir(cache)
+        os.symlink(tarball.stdout.strip(),
+                   os.path.join(cache, "Python-3.11.2.tar.gz"))
+        # Installed under a PYENV_ROOT of its own; the commands are those
+        # of the user's pyenv.
+        env = {"PYENV_ROOT": os.path.join(cls.tmp, "pyenv"),
+               "PATH": os.pathsep.join(
+                   [os.path.join(root, "plugins", "python-build", "bin"),
+                    os.environ["PATH"]]),
+               "PYTHON_BUILD_CACHE_PATH": cache,
+               "_PYTHON_BUILD_FORCE_SKIP_XZ": "1"}
+        with open(patch) as f:
+            proc = subprocess.run([pyenv, "install", "--patch", "3.11.2"],
+                                  stdin=f, capture_output=True, text=True,
+                                  env={**os.environ, **env})
+        must_succeed(proc)
+        cls.python = os.path.join(cls.tmp, "pyenv", "versions", "3.11.2",
+                                  "bin", "python3.11")
+
+    def test_pyenv_python_names_python_functions(self):
+        self.assertIn("probe", self.probe_names(self.python, "-X", "perf"))
+        self.assertIn("probe", self.probe_names(self.python, activate=True))
 
 
 def dpkg_newer(a, b):
