@@ -89,9 +89,10 @@
  * function while the descriptor, data, is the first definition: with a
  * program that has its own pair, gdb would be told through the wrong
  * object file, whose list is empty.  So the function is looked up as the
- * descriptor is, once, by name (gdb_state.register_code).  The list is changed with the GIL held; another JIT
- * changing it from a thread without the GIL could race with us, as with
- * any two registrants of one list.
+ * descriptor is, once, by name (gdb_state.register_code).  The list is
+ * changed with the GIL held; another JIT changing it from a thread
+ * without the GIL could race with us, as with any two registrants of one
+ * list.
  *
  * Fork.  A child inherits the arenas, the images and the list, all in its
  * own copy of the memory: nothing to do.
