@@ -14,7 +14,8 @@ import sysconfig
 import unittest
 
 from test.test_perf_profiler.util import (
-    TIMEOUT, clean_env, gdb_available, gdb_backtrace, skip_environment)
+    TIMEOUT, ProfilerFiles, clean_env, gdb_available, gdb_backtrace,
+    skip_environment)
 
 # The probes CPython 3.11 defines (Include/pydtrace.d).
 PROBES = {"function__entry", "function__return", "line", "gc__start",
@@ -126,10 +127,13 @@ class ProbeTests(unittest.TestCase):
                 "print('active', probe_target(), flush=True)\n"
                 "while not select.select([sys.stdin], [], [], 0.01)[0]:\n"
                 "    probe_target()\n")
+        files = ProfilerFiles()
+        self.addCleanup(files.cleanup)
         target = subprocess.Popen(
             [sys.executable, "-X", "perf", "-c", code],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
             env=clean_env())
+        files.add_pid(target.pid)
         try:
             self.assertEqual(target.stdout.readline(), "active True\n")
             proc = subprocess.run(
@@ -143,6 +147,7 @@ class ProbeTests(unittest.TestCase):
         self.assertEqual(proc.returncode, 0, proc.stderr)
         self.assertIn("fired probe_target\n", proc.stdout, proc.stderr)
         self.assertEqual(target.returncode, 0)
+
 
 if __name__ == "__main__":
     unittest.main()
