@@ -18,6 +18,7 @@ BASE_FLAGS := --with-dtrace
 NOFP_TREE := build/cpython-nofp
 NOFP_FLAGS := --without-frame-pointers --enable-shared \
 	LDFLAGS=-Wl,-rpath,$(CURDIR)/$(NOFP_TREE)
+NOFP_PYTHON := $(CURDIR)/$(NOFP_TREE)/python
 
 # make dist: the overlay, patches/ and the regenerated configure as one
 # patch for the pristine source.  make install builds that patch applied
@@ -96,11 +97,10 @@ install-debian: deps-debian dist
 # make test runs every test with our build, then with the Debian build;
 # make test-debian with the Debian build only, less the tooling tests.
 test: build nofp debian
-	@PERF_NOFP_PYTHON=$(CURDIR)/$(NOFP_TREE)/python tools/run-tests.sh \
-		--also $(DEBIAN_TREE)
+	@PERF_NOFP_PYTHON=$(NOFP_PYTHON) tools/run-tests.sh --also $(DEBIAN_TREE)
 
 test-debian: nofp debian
-	@TREE=$(DEBIAN_TREE) PERF_NOFP_PYTHON=$(CURDIR)/$(NOFP_TREE)/python \
+	@TREE=$(DEBIAN_TREE) PERF_NOFP_PYTHON=$(NOFP_PYTHON) \
 		tools/run-tests.sh --no-tooling
 
 # The README's two commands in a clean Debian 12 root (what CI runs).

@@ -174,17 +174,14 @@ def run_unit_tests(tree, modules, log_dir):
     return totals
 
 
-def run_tree(tree, regrtest_args, tooling_tests):
+def run_tree(tree, regrtest_args, ignored, tooling_tests):
     """Our package (and the tooling tests), then the regression tests,
-    with the interpreter of `tree`; return the counts."""
+    with the interpreter of `tree`, the second pass without the tests
+    `ignored` (regrtest's -i options); return the counts."""
     tests = [t for t in REGRTESTS
              if os.path.exists(os.path.join(tree, "Lib", "test", t))
              or os.path.exists(os.path.join(tree, "Lib", "test", t + ".py"))]
     under_perf = list(dict.fromkeys(REGRTESTS_UNDER_PERF))
-    ignored = []
-    for test_id, reason in known_differences().items():
-        print(f"run-tests: under perf, not running {test_id}: {reason}")
-        ignored += ["-i", test_id.rsplit(".", 1)[-1]]
     # One directory of logs per tree.
     log_dir = os.path.join(ROOT, "build", "test-logs", os.path.basename(tree))
     print(f"run-tests: {tree}: our tests"
@@ -225,10 +222,14 @@ def main():
     if dropped:
         print("run-tests: running without", " ".join(dropped), flush=True)
     before = tooling.profiler_files()
+    ignored = []
+    for test_id, reason in known_differences().items():
+        print(f"run-tests: under perf, not running {test_id}: {reason}")
+        ignored += ["-i", test_id.rsplit(".", 1)[-1]]
     totals = [0, 0, 0]
     trees = [TREE, *(os.path.abspath(t) for t in options.also)]
     for i, tree in enumerate(trees):
-        counts = run_tree(tree, regrtest_args,
+        counts = run_tree(tree, regrtest_args, ignored,
                           tooling_tests=i == 0 and not options.no_tooling)
         totals = [a + b for a, b in zip(totals, counts)]
     removed = tooling.remove_new_profiler_files(before)
