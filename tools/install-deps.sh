@@ -8,6 +8,8 @@
 #   tools/install-deps.sh jit      ... plus a private perf >= 6.8 (below)
 #   tools/install-deps.sh debian   ... plus what make debian's configuration
 #                                  (Debian's own) uses beyond ours
+#   tools/install-deps.sh aarch64  ... plus gdb-multiarch and arm64
+#                                  libraries in a private sysroot (below)
 #   tools/install-deps.sh fresh    ... plus debootstrap (make test-fresh)
 #
 # Packages are installed without their recommends, so every package the
@@ -43,7 +45,9 @@ bench) PACKAGES+=(hyperfine) ;;
 # --with-dbmliborder=bdb:gdbm), xz for Debian's tarball.
 debian) PACKAGES+=(dpkg-dev libexpat1-dev libdb-dev xz-utils) ;;
 fresh) PACKAGES=(debootstrap git) ;;
-*) echo "install-deps: unknown mode '$MODE' (expected: bench, jit, debian, fresh)" >&2
+# gdb for a remote aarch64 target (qemu's gdbstub), test_unwind.
+aarch64) PACKAGES+=(gdb-multiarch) ;;
+*) echo "install-deps: unknown mode '$MODE' (expected: bench, jit, debian, aarch64, fresh)" >&2
    exit 2 ;;
 esac
 PERF_JIT_MIN=6.8
@@ -104,46 +108,61 @@ install_missing() {
     rm -f "$log"
 }
 
-# Download linux-perf from <codename>-backports into $1 (a .deb).
-download_backports_perf() {
-    local dest=$1 codename mirrors work m keyring=
-    codename=$(. /etc/os-release && echo "${VERSION_CODENAME:-}")
-    [ -n "$codename" ] || { say "error: no VERSION_CODENAME in /etc/os-release"; return 1; }
+# private_download DIR ARCH SUITE... -- PACKAGE...: download the packages
+# (.deb files, into DIR) for ARCH from the named suites of the machine's
+# Debian mirrors (a "-security" suite from its security archive), through
+# a private sources list (lib.sh's private_apt).
+private_download() {
+    local dest=$1 arch=$2 mirrors work m main security suite keyring= suites=()
+    shift 2
+    while [ "$1" != -- ]; do suites+=("$1"); shift; done
+    shift
     mirrors=$(apt_mirrors)
     [ -n "$mirrors" ] || {
-        say "error: no Debian mirror in /etc/apt/sources.list{,.d/} to take $codename-backports from"
+        say "error: no Debian mirror in /etc/apt/sources.list{,.d/} to download $* from"
         return 1
     }
     [ -f /usr/share/keyrings/debian-archive-keyring.gpg ] &&
-        keyring="[signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] "
+        keyring="signed-by=/usr/share/keyrings/debian-archive-keyring.gpg "
     work=$(mktemp -d)
     trap 'rm -rf "$work"; trap - RETURN' RETURN
-    # The first Debian mirror that is not the security archive (another
-    # repository with "debian" in its URL has no backports suite).
-    m=$(echo "$mirrors" | awk '!/security/ && !found++')
-    echo "deb $keyring$m $codename-backports main" >"$work/sources.list"
-    say "looking up linux-perf in $codename-backports ($(echo $mirrors | tr '\n' ' '))"
-    private_apt "$work" apt-get -qq update 2>"$work/update.log" >&2 || {
+    # The first mirror of each kind: another repository with "debian" in
+    # its URL may lack the suites.
+    main=$(echo "$mirrors" | awk '!/security/ && !found++')
+    security=$(echo "$mirrors" | awk '/security/ && !found++')
+    for suite in "${suites[@]}"; do
+        case $suite in
+        *-security) m=$security ;;
+        *) m=$main ;;
+        esac
+        [ -z "$m" ] || echo "deb [${keyring}arch=$arch] $m $suite main"
+    done >"$work/sources.list"
+    local opts=(-o "APT::Architecture=$arch" -o "APT::Architectures=$arch")
+    say "downloading $* ($arch; ${suites[*]})"
+    private_apt "$work" apt-get "${opts[@]}" -qq update 2>"$work/update.log" >&2 || {
         say "error: apt-get update of the private sources list failed:"
         cat "$work/update.log" >&2
         return 1
     }
-    (cd "$work" && private_apt "$work" apt-get -qq download "linux-perf/$codename-backports") >&2 || {
-        say "error: could not download linux-perf from $codename-backports"
+    mkdir -p "$dest"
+    (cd "$dest" && private_apt "$work" apt-get "${opts[@]}" -qq download "$@") >&2 || {
+        say "error: could not download $* for $arch from ${suites[*]}"
         return 1
     }
-    mv "$work"/linux-perf_*.deb "$dest"
 }
 
 # A private perf >= 6.8 at $PRIVATE_PERF (lib.sh).
 install_private_perf() {
-    local dir deb deps
+    local dir deb deps codename
     perf_is_new_enough "$PRIVATE_PERF" && return 0
     dir=$PRIVATE_PERF_DIR
     rm -rf "$dir.new"
     mkdir -p "$dir.new"
-    deb=$dir.new/linux-perf.deb
-    download_backports_perf "$deb"
+    codename=$(. /etc/os-release && echo "${VERSION_CODENAME:-}")
+    [ -n "$codename" ] || { say "error: no VERSION_CODENAME in /etc/os-release"; return 1; }
+    private_download "$dir.new" "$(dpkg --print-architecture)" \
+        "$codename-backports" -- "linux-perf/$codename-backports"
+    deb=$(echo "$dir.new"/linux-perf_*.deb)
     # The shared libraries perf is linked with; perl and python3 are only
     # for perf's scripting, which the tests and the demo do not use.
     mapfile -t deps < <(dpkg-deb -f "$deb" Depends | tr ',' '\n' |
@@ -161,7 +180,38 @@ install_private_perf() {
     say "$("$PRIVATE_PERF" version) at $PRIVATE_PERF (system perf unchanged)"
 }
 
+# The arm64 libraries make aarch64's extension modules link against
+# (_ctypes, zlib, _ssl), unpacked into $AARCH64_SYSROOT (lib.sh): Debian's
+# arm64 packages of the release and its updates, never installed on the
+# machine (no foreign architecture is added to dpkg).
+install_aarch64_sysroot() {
+    local dir=$AARCH64_SYSROOT codename deb
+    [ "$(cat "$dir/.packages" 2>/dev/null)" = "${AARCH64_LIBS[*]}" ] && return 0
+    codename=$(. /etc/os-release && echo "${VERSION_CODENAME:-}")
+    [ -n "$codename" ] || { say "error: no VERSION_CODENAME in /etc/os-release"; return 1; }
+    rm -rf "$dir.new"
+    private_download "$dir.new/debs" arm64 "$codename" "$codename-updates" \
+        "$codename-security" -- "${AARCH64_LIBS[@]}"
+    for deb in "$dir.new"/debs/*.deb; do
+        dpkg-deb -x "$deb" "$dir.new"
+    done
+    # Absolute links (libz.so -> /lib/...) would leave the sysroot.
+    find "$dir.new" -type l -lname '/*' | while read -r link; do
+        ln -sfnr "$dir.new$(readlink "$link")" "$link"
+    done
+    # libffi.pc names /usr/include, where a native compiler also searches
+    # the multiarch directory that holds ffi.h; CPython's setup.py looks
+    # for ffi.h in the directory named, and the sysroot has no default.
+    sed -i 's|^includedir=.*|&/aarch64-linux-gnu|' \
+        "$dir.new/usr/lib/aarch64-linux-gnu/pkgconfig/libffi.pc"
+    rm -rf "$dir.new/debs" "$dir"
+    echo "${AARCH64_LIBS[*]}" >"$dir.new/.packages"
+    mv "$dir.new" "$dir"
+    say "arm64 libraries in $dir"
+}
+
 install_missing "${PACKAGES[@]}"
-if [ "$MODE" = jit ]; then
-    install_private_perf
-fi
+case $MODE in
+jit) install_private_perf ;;
+aarch64) install_aarch64_sysroot ;;
+esac

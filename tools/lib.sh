@@ -14,6 +14,12 @@ GENERATED=(configure pyconfig.h.in)
 # package by tools/install-deps.sh jit; the system's perf is not replaced.
 PRIVATE_PERF_DIR=$ROOT/build/perf
 PRIVATE_PERF=$PRIVATE_PERF_DIR/usr/bin/perf
+# make aarch64: arm64 libraries of the release for the cross build
+# (tools/install-deps.sh aarch64), and the qemu-user that runs it.
+AARCH64_SYSROOT=$ROOT/build/sysroot-aarch64
+AARCH64_LIBS=(libffi-dev libffi8 zlib1g-dev zlib1g libssl-dev libssl3
+              systemtap-sdt-dev)
+AARCH64_TREE=$ROOT/build/cpython-aarch64
 
 # tooling PYTHON COMMAND [ARG...]: a command of tools/tooling.py, the helpers
 # the Python tools share, run by PYTHON (any Python 3.8+).  -E: the caller's
