@@ -37,4 +37,7 @@ make -C "$dir" -s -j"$nproc" >"$dir/build.log" 2>&1 || {
     echo "build: make failed; full log in $dir/build.log" >&2
     exit 1
 }
-echo "build: $("$dir/python" -c 'import sys; print(sys.version.split()[0])') at $dir/python" >&2
+# A cross build's interpreter does not run here (tools/build-aarch64.sh).
+version=$("$dir/python" -c 'import sys; print(sys.version.split()[0])' 2>/dev/null) ||
+    version="built for $(sed -n 's/^MULTIARCH=[[:space:]]*//p' "$dir/Makefile")"
+echo "build: $version at $dir/python" >&2
