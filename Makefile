@@ -34,8 +34,14 @@ DESTDIR   ?=
 # (tools/debian.sh).
 DEBIAN_TREE := build/cpython-debian
 
+# make aarch64: the interpreter cross-built for arm64, with BTI and PAC,
+# run under qemu-user through its python-qemu wrapper
+# (tools/build-aarch64.sh).
+AARCH64_TREE := build/cpython-aarch64
+
 .PHONY: all build deps deps-jit tree export dist install test test-fresh demo demo-jit nofp bench clean help
 .PHONY: deps-debian debian install-debian test-debian
+.PHONY: deps-aarch64 aarch64 test-aarch64
 
 all: build
 
@@ -53,6 +59,8 @@ help:
 	@echo "make debian     build $(DEBIAN_TREE): Debian 12's python3.11 source and patches + ours"
 	@echo "make test-debian   the tests of make test (less the tooling's) on the Debian build"
 	@echo "make install-debian   install the Debian build for PREFIX, as altinstall does"
+	@echo "make aarch64    cross-build $(AARCH64_TREE) for arm64 (runs under qemu-user)"
+	@echo "make test-aarch64   our tests with the arm64 build under qemu-user"
 	@echo "make deps       install missing Debian build dependencies (as root)"
 	@echo "make clean      remove build/"
 
@@ -67,6 +75,10 @@ deps-jit: deps
 # What make debian's configuration (Debian's own) uses beyond ours.
 deps-debian: deps
 	@tools/install-deps.sh debian
+
+# gdb-multiarch, and arm64 libraries in a private sysroot.
+deps-aarch64: deps
+	@tools/install-deps.sh aarch64
 
 tree: deps
 	@tools/assemble.sh
@@ -94,14 +106,28 @@ debian: deps-debian dist
 install-debian: deps-debian dist
 	@tools/debian.sh --install "$(DESTDIR)" $(DIST_PATCH) "$(PREFIX)" $(CONFIGURE_FLAGS)
 
-# make test runs every test with our build, then with the Debian build;
-# make test-debian with the Debian build only, less the tooling tests.
-test: build nofp debian
-	@PERF_NOFP_PYTHON=$(NOFP_PYTHON) tools/run-tests.sh --also $(DEBIAN_TREE)
+# Our build is the cross build's build Python.
+aarch64: deps-aarch64 build
+	@tools/build-aarch64.sh $(BASE_FLAGS) $(CONFIGURE_FLAGS)
+
+# make test runs every test with our build, then with the Debian build,
+# then (on an x86_64 host) ours with the aarch64 build under qemu-user;
+# make test-debian and make test-aarch64 each one of those parts
+# (without the tooling tests).
+ifeq ($(shell uname -m),x86_64)
+TEST_AARCH64 := aarch64
+TEST_QEMU := --qemu $(AARCH64_TREE)
+endif
+test: build nofp debian $(TEST_AARCH64)
+	@PERF_NOFP_PYTHON=$(NOFP_PYTHON) tools/run-tests.sh --tree $(TREE) \
+		--tree $(DEBIAN_TREE) $(TEST_QEMU)
 
 test-debian: nofp debian
-	@TREE=$(DEBIAN_TREE) PERF_NOFP_PYTHON=$(NOFP_PYTHON) \
-		tools/run-tests.sh --no-tooling
+	@PERF_NOFP_PYTHON=$(NOFP_PYTHON) tools/run-tests.sh --no-tooling \
+		--tree $(DEBIAN_TREE)
+
+test-aarch64: aarch64
+	@tools/run-tests.sh --qemu $(AARCH64_TREE)
 
 # The README's two commands in a clean Debian 12 root (what CI runs).
 test-fresh:

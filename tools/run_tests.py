@@ -1,8 +1,13 @@
 """Run the project's tests and print one closing line of counts.
 
-All of them run with the interpreter of each tree given: $TREE (our
-build), then each --also tree (make test: the Debian build); the counts
-of all trees add up in the closing line.
+All of them run with the interpreter of each --tree given (make test:
+our build, then the Debian build; by default $TREE), and our package
+again, under qemu-user, with the interpreter of each --qemu tree (make
+test: the aarch64 build); the counts of all trees add up in the closing
+line.  Under qemu, the tests that run host tools on the interpreter
+(perf, gdb, bpftrace: marked needs_host in test_perf_profiler/util.py)
+are left out: those tools cannot follow an emulated process.  The
+native runs hold them.
 
 Our own package (Lib/test/test_perf_profiler) and the tooling tests
 (tools/test_tooling.py) run through tools/unit_counts.py, which accounts
@@ -107,8 +112,8 @@ def feature_disabled_on_purpose(tree):
     return "--disable-perf-trampoline" in args.stdout
 
 
-def run_unit_module(tree, module, log_dir):
-    """Run one test module in the interpreter under test through
+def run_unit_module(python, module, log_dir, qemu):
+    """Run one test module with the interpreter under test through
     unit_counts.py; return (module, outcomes, log path, exit status)."""
     out = os.path.join(log_dir, module + ".json")
     log = os.path.join(log_dir, module + ".log")
@@ -116,13 +121,17 @@ def run_unit_module(tree, module, log_dir):
         os.unlink(out)          # never read an earlier run's counts
     except FileNotFoundError:
         pass
+    env = tooling.clean_environment()
+    if qemu:
+        env["PERF_TESTS_QEMU"] = os.path.join(os.path.dirname(python),
+                                              "run-qemu")
+        # A native interpreter: the tests' second build is their own.
+        env.pop("PERF_NOFP_PYTHON", None)
     with open(log, "w") as f:
         proc = subprocess.run(
-            [os.path.join(tree, "python"),
-             os.path.join(ROOT, "tools", "unit_counts.py"),
-             out, module],
-            stdout=f, stderr=subprocess.STDOUT, cwd=log_dir,
-            env=tooling.clean_environment())
+            [python, os.path.join(ROOT, "tools", "unit_counts.py"),
+             *(["--without-host-tools"] if qemu else []), out, module],
+            stdout=f, stderr=subprocess.STDOUT, cwd=log_dir, env=env)
     try:
         with open(out, encoding="utf-8") as f:
             outcomes = json.load(f)
@@ -140,14 +149,16 @@ def our_modules(tree):
     return [f"test.test_perf_profiler.{name}" for name in names]
 
 
-def run_unit_tests(tree, modules, log_dir):
+def run_unit_tests(tree, modules, log_dir, qemu=False):
     """Our package's modules (and the tooling tests), two at a time."""
+    python = os.path.join(tree, "python-qemu" if qemu else "python")
     os.makedirs(log_dir, exist_ok=True)
     totals = [0, 0, 0]
     jobs = min(len(modules), os.cpu_count() or 2)
     with concurrent.futures.ThreadPoolExecutor(jobs) as pool:
         for module, outcomes, log, status in pool.map(
-                lambda m: run_unit_module(tree, m, log_dir), modules):
+                lambda m: run_unit_module(python, m, log_dir, qemu),
+                modules):
             passed = outcomes["passed"]
             failed = outcomes["failed"]
             skipped = outcomes["skipped"]
@@ -157,8 +168,10 @@ def run_unit_tests(tree, modules, log_dir):
                           "configured --disable-perf-trampoline")
                 else:
                     failed, skipped = skipped, []
+            left_out = outcomes.get("left_out", [])
             print(f"run-tests: {module}: {len(passed)} passed, "
-                  f"{len(failed)} failed, {len(skipped)} skipped "
+                  f"{len(failed)} failed, {len(skipped)} skipped"
+                  f"{f', {len(left_out)} left out' if left_out else ''} "
                   f"(log: {log})", flush=True)
             for test_id, why in skipped:
                 print(f"run-tests:   skipped {test_id}: {why}")
@@ -201,16 +214,37 @@ def run_tree(tree, regrtest_args, ignored, tooling_tests):
     return totals
 
 
+def run_qemu_tree(tree):
+    """Our package with the interpreter of `tree` under qemu-user
+    (tools/build-aarch64.sh); return the counts."""
+    log_dir = os.path.join(ROOT, "build", "test-logs", os.path.basename(tree))
+    print(f"run-tests: {tree}: our tests under qemu-user, less those that "
+          f"run host tools on the interpreter (logs in {log_dir})",
+          flush=True)
+    totals = run_unit_tests(tree, our_modules(tree), log_dir, qemu=True)
+    print(f"run-tests: {tree} (qemu): {totals[0]} passed, {totals[1]} "
+          f"failed, {totals[2]} skipped", flush=True)
+    return totals
+
+
+
 def main():
     parser = argparse.ArgumentParser(
         description="Run our tests and CPython's with the interpreter of "
-        "$TREE, then of each --also tree; other arguments go to regrtest.")
-    parser.add_argument("--also", action="append", default=[],
-                        metavar="TREE", help="another built tree to test")
+        "each --tree (default: $TREE), and ours under qemu-user with that "
+        "of each --qemu tree; other arguments go to regrtest.")
+    parser.add_argument("--tree", action="append", default=[],
+                        help="a built tree to test")
+    parser.add_argument("--qemu", action="append", default=[],
+                        metavar="TREE", help="a tree built by "
+                        "tools/build-aarch64.sh, to test under qemu-user")
     parser.add_argument("--no-tooling", action="store_true",
                         help="leave out the tooling tests (they check the "
                         "repository's tools, not an interpreter)")
     options, regrtest_args = parser.parse_known_args()
+    trees = [os.path.abspath(t) for t in options.tree]
+    if not trees and not options.qemu:
+        trees = [TREE]
     # The tests about KeyboardInterrupt need SIGINT's usual action even
     # when this runs in the background.
     tooling.restore_signals()
@@ -223,14 +257,16 @@ def main():
         print("run-tests: running without", " ".join(dropped), flush=True)
     before = tooling.profiler_files()
     ignored = []
-    for test_id, reason in known_differences().items():
+    for test_id, reason in known_differences().items() if trees else ():
         print(f"run-tests: under perf, not running {test_id}: {reason}")
         ignored += ["-i", test_id.rsplit(".", 1)[-1]]
     totals = [0, 0, 0]
-    trees = [TREE, *(os.path.abspath(t) for t in options.also)]
     for i, tree in enumerate(trees):
         counts = run_tree(tree, regrtest_args, ignored,
                           tooling_tests=i == 0 and not options.no_tooling)
+        totals = [a + b for a, b in zip(totals, counts)]
+    for tree in options.qemu:
+        counts = run_qemu_tree(os.path.abspath(tree))
         totals = [a + b for a, b in zip(totals, counts)]
     removed = tooling.remove_new_profiler_files(before)
     print(f"run-tests: removed {removed} profiler files left in /tmp")

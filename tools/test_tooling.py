@@ -486,21 +486,38 @@ class CountTests(unittest.TestCase):
                 def test_f(self):
                     pass
             """,
+        # perf_needs_host is what test_perf_profiler.util.needs_host sets.
+        "sample_host": """\
+            import unittest
+            class Native(unittest.TestCase):
+                perf_needs_host = ("perf",)
+                def test_h(self):
+                    pass
+            class Mixed(unittest.TestCase):
+                def test_i(self):
+                    pass
+                def test_j(self):
+                    pass
+                test_j.perf_needs_host = ("gdb",)
+            """,
     }
 
-    def count(self, module, status=0):
+    def count(self, module, status=0, *options, left_out=None):
         with tempfile.TemporaryDirectory() as tmp:
             for name, source in self.MODULES.items():
                 with open(os.path.join(tmp, name + ".py"), "w") as f:
                     f.write(textwrap.dedent(source))
             out = os.path.join(tmp, "out.json")
             proc = subprocess.run(
-                [sys.executable, os.path.join(TOOLS, "unit_counts.py"), out,
-                 module], capture_output=True, text=True,
+                [sys.executable, os.path.join(TOOLS, "unit_counts.py"),
+                 *options, out, module], capture_output=True, text=True,
                 env={**os.environ, "PYTHONPATH": tmp})
             self.assertEqual(proc.returncode, status, proc.stderr)
             with open(out) as f:
                 counts = json.load(f)
+        if left_out is not None:
+            left_out.update({i.rsplit(".", 1)[-1]: why
+                             for i, why in counts["left_out"]})
         return ({i.rsplit(".", 1)[-1] for i in counts["passed"]},
                 {i.rsplit(".", 1)[-1]: why for i, why in counts["failed"]},
                 {i.rsplit(".", 1)[-1]: why for i, why in counts["skipped"]})
@@ -530,6 +547,18 @@ class CountTests(unittest.TestCase):
         self.assertEqual((passed, failed), (set(), {}))
         self.assertEqual(skipped, {"test_e": "setUpModule: module skip",
                                    "test_f": "setUpModule: module skip"})
+
+
+    def test_host_tests_left_out_only_when_asked(self):
+        left_out = {}
+        passed, failed, skipped = self.count("sample_host",
+                                             left_out=left_out)
+        self.assertEqual(passed, {"test_h", "test_i", "test_j"})
+        self.assertEqual(left_out, {})
+        passed, failed, skipped = self.count(
+            "sample_host", 0, "--without-host-tools", left_out=left_out)
+        self.assertEqual((passed, failed, skipped), ({"test_i"}, {}, {}))
+        self.assertEqual(left_out, {"test_h": "perf", "test_j": "gdb"})
 
 
 class CPythonChecksTests(unittest.TestCase):

@@ -1,6 +1,6 @@
 """Run test modules with unittest and account for every test case.
 
-    python tools/unit_counts.py OUT.json MODULE [MODULE ...]
+    python tools/unit_counts.py [--without-host-tools] OUT.json MODULE...
 
 Runs in the interpreter under test (run_tests.py starts it).  Each test
 case ends in exactly one outcome, written to OUT.json as
@@ -13,6 +13,10 @@ case ends in exactly one outcome, written to OUT.json as
 * an error in tearDownClass/tearDownModule, or a module that cannot be
   imported, is a failure of its own;
 * a test case that never reported anything is a failure.
+
+--without-host-tools (under qemu-user) leaves out the test cases marked
+needs_host in test_perf_profiler/util.py; OUT.json lists them as
+"left_out" with the tools they need.
 
 (Where tests are required, CI=true or PERF_TESTS_REQUIRED=1, our tests
 turn their own skips for want of perf, gdb, ptrace, mounts or cross tools
@@ -142,13 +146,38 @@ def account(cases, result):
     return {"passed": passed, "failed": failed, "skipped": skipped}
 
 
-def run_module(name):
+def host_tools(case):
+    """The host tools a test case is marked as needing (needs_host), on
+    its method or its class."""
+    method = getattr(case, getattr(case, "_testMethodName", ""), None)
+    return (getattr(method, "perf_needs_host", ())
+            or getattr(type(case), "perf_needs_host", ()))
+
+
+def without(suite, left_out):
+    """A copy of `suite` without the cases that need host tools; those go
+    to `left_out` as [id, tools]."""
+    kept = unittest.TestSuite()
+    for item in suite:
+        if isinstance(item, unittest.TestSuite):
+            kept.addTest(without(item, left_out))
+        elif host_tools(item):
+            left_out.append([item.id(), ", ".join(host_tools(item))])
+        else:
+            kept.addTest(item)
+    return kept
+
+
+def run_module(name, host_tools_available):
     loader = unittest.TestLoader()
     try:
         suite = loader.loadTestsFromName(name)
     except unittest.SkipTest as exc:
         return {"passed": [], "failed": [], "skipped": [[name, str(exc)]],
                 "module_skipped": True, "successful": True}
+    left_out = []
+    if not host_tools_available:
+        suite = without(suite, left_out)
     cases = list(iter_cases(suite))
     runner = unittest.TextTestRunner(stream=sys.stdout, verbosity=2,
                                      resultclass=CountingResult)
@@ -159,18 +188,21 @@ def run_module(name):
         faulthandler.cancel_dump_traceback_later()
     counts = account(cases, result)
     counts["successful"] = result.wasSuccessful()
+    counts["left_out"] = left_out
     return counts
 
 
 def main():
-    out, *modules = sys.argv[1:]
-    total = {"passed": [], "failed": [], "skipped": [],
+    args = sys.argv[1:]
+    host_tools_available = "--without-host-tools" not in args
+    out, *modules = [arg for arg in args if arg != "--without-host-tools"]
+    total = {"passed": [], "failed": [], "skipped": [], "left_out": [],
              "module_skipped": False}
     successful = True
     for name in modules:
-        counts = run_module(name)
-        for kind in ("passed", "failed", "skipped"):
-            total[kind] += counts[kind]
+        counts = run_module(name, host_tools_available)
+        for kind in ("passed", "failed", "skipped", "left_out"):
+            total[kind] += counts.get(kind, [])
         total["module_skipped"] |= counts.get("module_skipped", False)
         successful &= counts["successful"]
     with open(out, "w", encoding="utf-8") as f:

@@ -12,7 +12,7 @@ import time
 import unittest
 
 from test.test_perf_profiler.util import (
-    TIMEOUT, PerfTestCase, clean_env, gdb_available, jitdump_path,
+    PerfTestCase, TIMEOUT, clean_env, gdb_available, jitdump_path, needs_host,
     perf_record_works, read_map, record_samples, skip_environment,
     write_script)
 
@@ -87,6 +87,9 @@ TARGET = """\
 INNER_CHAIN = ["inner", "middle", "outer"]
 
 
+# The tool reads the target through /proc/PID/{maps,mem} and writes it
+# through gdb: under qemu-user that is qemu, not the interpreter.
+@needs_host("gdb", "/proc/PID/mem")
 class AttachTestCase(PerfTestCase):
 
     def setUp(self):

@@ -16,7 +16,7 @@ import unittest
 from test.test_perf_profiler.test_jit import (
     NOFP_PYTHON, PERF, TIMEOUT, perf_jit_skip_reason)
 from test.test_perf_profiler.util import (
-    PerfTestCase, clean_env, skip_environment, write_script)
+    PerfTestCase, clean_env, needs_host, skip_environment, write_script)
 
 DIST_PACKAGES = "/usr/lib/python3/dist-packages"
 MODULES = ("numpy", "lxml", "yaml", "greenlet", "gevent")
@@ -41,6 +41,7 @@ def setUpModule():
                          f"{DIST_PACKAGES} (tools/install-deps.sh)")
 
 
+@needs_host("the extension modules of Debian's python3-* packages")
 class ExtensionTests(PerfTestCase):
 
     WORKLOAD = PRELUDE + """\

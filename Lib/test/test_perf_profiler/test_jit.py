@@ -40,8 +40,9 @@ from typing import NamedTuple
 from test import support
 from test.support import import_helper
 from test.test_perf_profiler.util import (
-    PerfTestCase, clean_env, jitdump_path, map_path, map_written_since,
-    parse_perf_script, skip_environment, write_script)
+    PerfTestCase, clean_env, host_tool, jitdump_path, map_path,
+    map_written_since, needs_host, parse_perf_script, skip_environment,
+    write_script)
 
 if not sysconfig.get_config_var("PY_HAVE_PERF_JIT_TRAMPOLINE"):
     raise unittest.SkipTest("this Python was built without the perf_jit "
@@ -944,6 +945,7 @@ def perf_version():
 
 
 def perf_jit_skip_reason():
+    host_tool("perf")
     version = perf_version()
     if version is None:
         return f"{PERF} is not installed (tools/install-deps.sh jit)"
@@ -961,6 +963,7 @@ def perf_jit_skip_reason():
     return None
 
 
+@needs_host("perf")
 class PerfJitWorkflowTests(JitTestCase):
 
     @classmethod

@@ -20,9 +20,8 @@ import unittest
 from test import support
 from test.test_perf_profiler.util import (
     GDB_FRAME_RE, GDB_OPTIONS, PerfTestCase, clean_env, gdb_available,
-    gdb_backtrace,
-    map_path, parse_map, perf_record_works, record_samples, skip_environment,
-    write_script)
+    gdb_backtrace, map_path, needs_host, parse_map, perf_record_works,
+    record_samples, skip_environment, target_command, write_script)
 
 EVAL = "_PyEval_EvalFrameDefault"
 
@@ -1408,6 +1407,7 @@ def backtraces(output):
     return traces
 
 
+@needs_host("gdb")
 class GdbTests(PerfTestCase):
     """gdb unwinds through trampolines: a backtrace taken anywhere in a
     Python call reaches main, each Python level an evaluator frame called
@@ -2013,7 +2013,7 @@ main(int argc, char **argv)
         with open(os.path.join(srcdir, "pybuilddir.txt")) as f:
             extensions = os.path.join(srcdir, f.read().strip())
         proc = subprocess.Popen(
-            [host, os.path.join(srcdir, "Lib"), extensions],
+            target_command([host, os.path.join(srcdir, "Lib"), extensions]),
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
             env=clean_env())
         self.files.add_pid(proc.pid)
@@ -2024,6 +2024,7 @@ main(int argc, char **argv)
         self.assertEqual((stdout, stderr), ("True\n1 1\n", ""))
 
 
+@needs_host("perf")
 class PerfRecordTests(PerfTestCase):
     """perf record -g sees the Python functions, in call order."""
 

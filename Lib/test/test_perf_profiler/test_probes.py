@@ -14,8 +14,8 @@ import sysconfig
 import unittest
 
 from test.test_perf_profiler.util import (
-    TIMEOUT, ProfilerFiles, clean_env, gdb_available, gdb_backtrace,
-    skip_environment)
+    ProfilerFiles, TIMEOUT, clean_env, gdb_available, gdb_backtrace, host_tool,
+    needs_host, skip_environment)
 
 # The probes CPython 3.11 defines (Include/pydtrace.d).
 PROBES = {"function__entry", "function__return", "line", "gc__start",
@@ -50,7 +50,8 @@ def probes_object():
     """The ELF file of this interpreter that holds the probes: libpython
     in a shared build, the executable otherwise."""
     if not sysconfig.get_config_var("Py_ENABLE_SHARED"):
-        return sys.executable
+        # Not sys.executable: under qemu-user that is a wrapper script.
+        return os.path.realpath("/proc/self/exe")
     with open("/proc/self/maps") as f:
         for line in f:
             path = line.split()[-1]
@@ -78,6 +79,7 @@ class ProbeTests(unittest.TestCase):
                              f"installed")
         self.assertEqual(ours, probe_names(DEBIAN_PYTHON))
 
+    @needs_host("gdb")
     def test_probe_fires_through_trampolines(self):
         # gdb sets the probe's semaphore, as bpftrace and SystemTap do, and
         # stops at the function__entry of probe_target (the probe's second
@@ -100,12 +102,14 @@ class ProbeTests(unittest.TestCase):
         self.assertIn("py_trampoline", names, output)
         self.assertIn("Py_BytesMain", names, output)
 
+    @needs_host("bpftrace")
     def test_bpftrace_through_trampolines(self):
         # A bpftrace one-liner written for Debian's python3.11, on ours
         # with -X perf: it attaches by probe name to a running process and
         # reads the function's name from the probe's second argument.
         # (bpftrace -c attaches before a shared libpython is loaded, and
         # finds no probe there; -p is what users run on a service.)
+        host_tool("bpftrace")
         bpftrace = shutil.which("bpftrace")
         if bpftrace is None:
             skip_environment("bpftrace is not installed")

@@ -1147,6 +1147,11 @@ class NoExecTests(StressTestCase):
         super().tearDownClass()
 
     def shim_env(self, **changes):
+        if util.under_qemu():
+            # For the emulated interpreter only, not for the wrapper's
+            # shell and qemu, which are host programs.
+            return clean_env(QEMU_SET_ENV=f"LD_PRELOAD={self.shim}",
+                             **changes)
         return clean_env(LD_PRELOAD=self.shim, **changes)
 
     def test_shim_refuses(self):

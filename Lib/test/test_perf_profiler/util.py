@@ -18,6 +18,9 @@ The API, in the order a test usually needs it:
 * gdb_available(), gdb_backtrace(): frame names of a gdb "bt".
 * skip_environment(): skip a test this machine cannot run -- or, where
   the tests are required (CI), fail it.
+* needs_host(): mark a test that needs the host machine itself (perf,
+  gdb or bpftrace on the interpreter, the host's extension modules): the
+  run under qemu-user leaves it out.
 * ProfilerFiles: the snapshot/cleanup logic PerfTestCase uses, for tests
   that need it on its own.
 """
@@ -44,9 +47,6 @@ PERF_ENV_VARS = ("PYTHONPERFSUPPORT", "PYTHON_PERF_JIT_SUPPORT",
 # One line of a perf map written by the interpreter: hex without "0x".
 MAP_LINE_RE = re.compile(r"^([0-9a-f]+) ([0-9a-f]+) (py::.+)$")
 
-# Seconds any single child process may take before the test fails.
-TIMEOUT = support.SHORT_TIMEOUT
-
 
 # ----------------------------------------------------------------------
 # Skips
@@ -67,6 +67,50 @@ def skip_environment(reason):
         raise AssertionError("required here (CI=true or "
                              f"PERF_TESTS_REQUIRED=1), but {reason}")
     raise unittest.SkipTest(reason)
+
+
+# ----------------------------------------------------------------------
+# qemu-user
+
+def under_qemu():
+    """True in make test's aarch64 run (tools/run_tests.py --qemu)."""
+    return bool(os.environ.get("PERF_TESTS_QEMU"))
+
+
+# Seconds any single child process may take before the test fails
+# (qemu-user runs the interpreter several times slower).
+TIMEOUT = support.SHORT_TIMEOUT * (4 if under_qemu() else 1)
+
+
+def target_command(args):
+    """`args`, a program built for this interpreter's machine and its
+    arguments, as a command that runs it here: under qemu-user, through
+    the tree's run-qemu (tools/build-aarch64.sh)."""
+    if under_qemu():
+        return [os.environ["PERF_TESTS_QEMU"], *args]
+    return list(args)
+
+
+def needs_host(*what):
+    """Decorator for a test method or class that needs the host machine
+    itself: perf, gdb or bpftrace following the interpreter (they would
+    see qemu, not the emulated process), or the host's own binaries.  The
+    run under qemu-user leaves such tests out (tools/unit_counts.py
+    --without-host-tools); the native runs hold them."""
+    def mark(obj):
+        obj.perf_needs_host = what
+        return obj
+    return mark
+
+
+def host_tool(name):
+    """Called where a helper is about to run `name` on the interpreter
+    under test: under qemu-user, the test should have been marked
+    needs_host, and fails saying so."""
+    if under_qemu():
+        raise AssertionError(f"this test runs {name} on the interpreter, "
+                             "which cannot follow an interpreter under "
+                             f"qemu-user: mark it needs_host({name!r})")
 
 
 # ----------------------------------------------------------------------
@@ -383,6 +427,7 @@ PERF_RECORD = ("perf", "record", "--no-buildid-cache", "--quiet",
 def perf_record_works():
     """Return None if "perf record -g" works here, else why not (a skip
     reason)."""
+    host_tool("perf")
     if shutil.which("perf") is None:
         return "perf is not installed"
     with tempfile.TemporaryDirectory() as tmp:
@@ -441,6 +486,7 @@ GDB_OPTIONS = ("-batch", "-nx", "-iex", "set debuginfod enabled off",
 
 def gdb_available():
     """Return None if gdb can be used, else a skip reason."""
+    host_tool("gdb")
     if shutil.which("gdb") is None:
         return "gdb is not installed"
     return None

@@ -1,0 +1,188 @@
+"""perf's frame-pointer unwinding, done by hand, on x86_64 and aarch64.
+
+perf record -g takes the sampled pc, then follows the chain of frame
+records from the frame pointer (rbp on x86_64, x29 on aarch64): each
+record holds the caller's frame pointer and a return address.  These
+tests stop the interpreter in a C function called from a deep Python
+call, walk that chain the same way from the registers and memory gdb
+reads, and resolve every address through /tmp/perf-PID.map: the Python
+functions must come out innermost first.
+
+Natively, gdb runs the interpreter.  Under qemu-user (make test's aarch64
+run, where perf cannot follow the emulated process) the interpreter waits
+for gdb-multiarch on qemu's gdbstub; there a "bt" through the gdb JIT
+images must also reach main.
+"""
+
+import os
+import platform
+import shutil
+import socket
+import subprocess
+import sys
+import unittest
+
+from test.test_perf_profiler.util import (
+    GDB_FRAME_RE, GDB_OPTIONS, TIMEOUT, PerfTestCase, clean_env, read_map,
+    skip_environment, under_qemu, write_script)
+
+# The C function to stop in: os.getppid(), which nothing else calls.
+BREAKPOINT = "os_getppid"
+SCRIPT = """\
+    import os
+
+    def level3():
+        return os.getppid()
+
+    def level2():
+        return level3()
+
+    def level1():
+        return level2()
+
+    level1()
+    """
+
+FRAME_POINTER = {"x86_64": "$rbp", "aarch64": "$x29"}
+# The bits of a return address that are the address: on aarch64, the
+# kernel strips the pointer authentication code (PAC) that paciasp put in
+# the saved x30 from each address of a perf callchain; so does the walk.
+ADDRESS_MASK = {"x86_64": (1 << 64) - 1, "aarch64": (1 << 48) - 1}
+
+# Run by gdb at the breakpoint: the pc, then each frame record's return
+# address, as perf's frame-pointer unwinder collects them.  Callers' frames
+# are at higher addresses: the walk stops at a null, a downward or an
+# unreadable frame pointer.
+WALK = """\
+import struct
+inferior = gdb.selected_inferior()
+print("PID", inferior.pid)
+print("IP", int(gdb.parse_and_eval("$pc")))
+fp = int(gdb.parse_and_eval("{fp}"))
+for _ in range(1000):
+    try:
+        next_fp, ret = struct.unpack("<QQ", inferior.read_memory(fp, 16))
+    except gdb.MemoryError:
+        break
+    print("IP", ret & {mask})
+    if next_fp <= fp:
+        break
+    fp = next_fp
+"""
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class FramePointerWalkTests(PerfTestCase):
+
+    def setUp(self):
+        super().setUp()
+        machine = platform.machine()
+        if machine not in FRAME_POINTER:
+            self.skipTest(f"no frame-record layout known for {machine}")
+        self.gdb = shutil.which("gdb-multiarch" if under_qemu() else "gdb")
+        if self.gdb is None:
+            skip_environment("gdb-multiarch (tools/install-deps.sh aarch64)"
+                             if under_qemu() else "gdb is not installed")
+        self.script = write_script(self.tmpdir, SCRIPT)
+        self.walk = write_script(
+            self.tmpdir, WALK.format(fp=FRAME_POINTER[machine],
+                                     mask=ADDRESS_MASK[machine]),
+            "walk.py")
+
+    def gdb_commands(self, *commands):
+        return [self.gdb, *GDB_OPTIONS,
+                *(arg for command in commands for arg in ("-ex", command))]
+
+    def run_native(self, extra):
+        """gdb runs the interpreter; return (pid, gdb's output)."""
+        proc = subprocess.run(
+            [*self.gdb_commands(f"break {BREAKPOINT}", "run",
+                                f"source {self.walk}", *extra, "kill"),
+             "--args", sys.executable, "-X", "perf", self.script],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            errors="backslashreplace", env=clean_env(), timeout=TIMEOUT)
+        pids = [int(line.split()[1]) for line in proc.stdout.splitlines()
+                if line.startswith("PID ")]
+        self.assertEqual(len(pids), 1, proc.stdout)
+        return pids[0], proc.stdout
+
+    def run_under_qemu(self, extra, cpu=None):
+        """qemu (sys.executable is its wrapper, tools/build-aarch64.sh)
+        starts the interpreter stopped, waiting on its gdbstub; return
+        (pid, gdb's output)."""
+        port = free_port()
+        target = subprocess.Popen(
+            [sys.executable, "-X", "perf", self.script],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            env=clean_env(QEMU_GDB=str(port),
+                          **({"PERF_QEMU_CPU": cpu} if cpu else {})),
+            cwd=self.tmpdir)
+        self.files.add_pid(target.pid)
+        self.addCleanup(target.wait, TIMEOUT)
+        self.addCleanup(target.kill)
+        # The binary qemu runs, for gdb's symbols: qemu answers
+        # /proc/self/exe with it.
+        binary = os.path.realpath("/proc/self/exe")
+        proc = subprocess.run(
+            [*self.gdb_commands(
+                "set sysroot /usr/aarch64-linux-gnu",
+                # qemu may not listen yet: gdb retries until then.
+                f"set tcp connect-timeout {int(TIMEOUT)}",
+                f"target remote 127.0.0.1:{port}",
+                f"break {BREAKPOINT}", "continue",
+                f"source {self.walk}", *extra, "kill"), binary],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            errors="backslashreplace", env=clean_env(), timeout=TIMEOUT)
+        return target.pid, proc.stdout
+
+    def walk_to_python(self, extra=(), qemu_cpu=None):
+        """Stop in BREAKPOINT, walk the frame records; return (the Python
+        functions of the script in the chain, innermost first, gdb's
+        output).  Under qemu, the CPU model may be given."""
+        if under_qemu():
+            pid, output = self.run_under_qemu(extra, qemu_cpu)
+        else:
+            pid, output = self.run_native(extra)
+        self.files.add_pid(pid)
+        self.assertIn("Breakpoint 1, ", output)
+        addresses = [int(line.split()[1]) for line in output.splitlines()
+                     if line.startswith("IP ")]
+        self.assertGreater(len(addresses), 1, output)
+        entries = read_map(pid)
+        names = []
+        for address in addresses:
+            for entry in entries:
+                if entry.start <= address < entry.start + entry.size:
+                    if entry.filename == self.script:
+                        names.append(entry.qualname)
+                    break
+        return names, output
+
+    def test_frame_records_reach_every_python_function(self):
+        names, output = self.walk_to_python()
+        self.assertEqual(names, ["level3", "level2", "level1", "<module>"],
+                         output)
+
+    def test_gdb_backtrace_reaches_main(self):
+        # gdb reads the trampolines' unwind rules from the JIT images the
+        # interpreter registered (Python/perf_gdb_jit.c).  main() is a
+        # tail call of Py_BytesMain(): it has no frame of its own.
+        # qemu 7.2's gdbstub does not give gdb the PAC mask, without which
+        # gdb cannot strip signed return addresses (of any frame): under
+        # qemu, gdb's backtrace runs on a CPU without PAC (BTI still on).
+        names, output = self.walk_to_python(["bt"],
+                                            qemu_cpu="max,pauth=off")
+        frames = [match.group(2) for match in map(GDB_FRAME_RE.match,
+                                                  output.splitlines())
+                  if match]
+        self.assertEqual(frames.count("py_trampoline"), 4, output)
+        self.assertIn("Py_BytesMain", frames, output)
+
+
+if __name__ == "__main__":
+    unittest.main()
