@@ -4,7 +4,7 @@
 The question `make bench` answers is "what does the patch cost?": with perf
 off against an unpatched 3.11.2 built the same way (stock), and with -X perf
 against perf off, next to upstream 3.12/3.13 doing the same with their own
-perf support.  Everything is a ratio between interpreters measured in the
+perf support; and both against the python3.11 users run today (theirs).  Everything is a ratio between interpreters measured in the
 same session, because the machines this runs on are shared and noisy.
 
 How the noise is handled:
@@ -42,6 +42,9 @@ Environment (or the matching command line options):
                     set but empty: no upstream interpreters
     BENCH_OURS      patched interpreter (default build/cpython/python)
     BENCH_STOCK     unpatched interpreter (default build/cpython-stock/python)
+    BENCH_THEIRS    the interpreter users run today, measured with perf off
+                    (default /usr/bin/python3.11, Debian's, when present;
+                    set but empty: none)
 """
 
 import argparse
@@ -64,6 +67,9 @@ BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(BENCH_DIR)
 DEFAULT_RUNS = 7
 RUN_TIMEOUT = 300          # seconds for one workload run
+# Debian 12's own python3.11 (PGO + LTO, no frame pointers): the
+# interpreter our users would switch from.
+DEBIAN_PYTHON = "/usr/bin/python3.11"
 START_TIMEOUT = 180        # seconds to wait for an interpreter being rebuilt
 
 # Workloads dominated by Python-to-Python calls: the perf hook's worst case.
@@ -193,6 +199,12 @@ def make_configs(args):
                            % args.ours)
     configs.append(Config("ours-off", "ours", args.ours, False, ours_version))
     configs.append(Config("ours-on", "ours", args.ours, True, ours_version))
+    if args.theirs:
+        # What users run today: measured off only (Debian's python3.11
+        # has no perf support).
+        version = wait_until_runs(args.theirs, "theirs", patient=False)
+        configs.append(Config("theirs", "theirs", args.theirs, False,
+                              version))
     for python in args.upstream:
         try:
             version = wait_until_runs(python, python, patient=False)
@@ -343,6 +355,8 @@ def summarize(configs, workloads, samples, units):
         add("ours on/off", "ours-on", "ours-off")
         add("ours off/stock", "ours-off", "stock")
         add("ours on/stock", "ours-on", "stock")
+        add("ours off/theirs", "ours-off", "theirs")
+        add("ours on/theirs", "ours-on", "theirs")
         for c in configs:
             if c.group not in ("stock", "ours") and c.perf:
                 add("%s on/off" % c.group, c.key, "%s-off" % c.group)
@@ -548,6 +562,10 @@ def parse_args():
                    os.path.join(ROOT, "build", "cpython", "python"))
     p.add_argument("--stock", default=env.get("BENCH_STOCK") or
                    os.path.join(ROOT, "build", "cpython-stock", "python"))
+    p.add_argument("--theirs", default=env.get("BENCH_THEIRS"),
+                   help="the interpreter users run today, without perf "
+                   "(default: /usr/bin/python3.11 when present; empty: "
+                   "none)")
     p.add_argument("--upstream", default=env.get("BENCH_UPSTREAM"),
                    help="space-separated interpreters "
                    "(default: pyenv 3.12/3.13)")
@@ -563,6 +581,8 @@ def parse_args():
         p.error("--runs must be at least 1")
     args.upstream = (pyenv_upstream() if args.upstream is None
                      else args.upstream.split())
+    if args.theirs is None and os.path.exists(DEBIAN_PYTHON):
+        args.theirs = DEBIAN_PYTHON
     args.filters = [f.strip() for f in args.filter.split(",") if f.strip()]
     return args
 
