@@ -10,8 +10,8 @@ functions must come out innermost first.
 
 Natively, gdb runs the interpreter.  Under qemu-user (make test's aarch64
 run, where perf cannot follow the emulated process) the interpreter waits
-for gdb-multiarch on qemu's gdbstub; there a "bt" through the gdb JIT
-images must also reach main.
+for gdb-multiarch on qemu's gdbstub.  On both, gdb's own "bt" through the
+trampolines' JIT images must reach main.
 """
 
 import os
