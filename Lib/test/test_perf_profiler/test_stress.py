@@ -939,7 +939,9 @@ class SignalTests(StressTestCase):
 
 class ScaleTests(StressTestCase):
 
-    N = 100_000
+    # Under qemu-user, compiling 100k modules takes many minutes; 5000
+    # still fill several arenas.
+    N = 5_000 if util.under_qemu() else 100_000
 
     SCRIPT = """
         import sys
@@ -1014,7 +1016,10 @@ class ScaleTests(StressTestCase):
             print(f"\n    perf trampolines: {extra} bytes RSS for "
                   f"{2 * self.N} code objects = {per_code:.1f} bytes each",
                   file=sys.__stderr__)
-        self.assertLess(per_code, 1024)
+        # Under qemu-user the RSS is qemu's, and its translation of each
+        # trampoline (each a copy at an address of its own) counts.
+        if not util.under_qemu():
+            self.assertLess(per_code, 1024)
 
 
 # ----------------------------------------------------------------------
