@@ -392,7 +392,7 @@ copy_parent_records(const _PyPerf_File *parent, off_t end)
  */
 
 static int
-jit_init(char *path, size_t path_size, int Py_UNUSED(at_startup))
+jit_init(char *path, size_t path_size)
 {
     if (init_unwind_info() < 0) {
         PyOS_snprintf(path, path_size, "/tmp/jit-%ld.dump", (long)getpid());

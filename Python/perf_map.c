@@ -11,9 +11,16 @@
  * START and SIZE in hex without "0x", NAME to the end of the line
  * ("py::<qualname>:<filename>", made by the core).  perf reads the file
  * when it resolves samples, long after the process is gone, so it is never
- * removed.  Each line (during startup, each batch of lines) is appended
- * with _PyPerf_FileAppend() (Python/perf_files.c), which undoes a partial
- * write, so the file only ever holds whole lines.
+ * removed.
+ *
+ * A system call per line would cost more than the rest of a new
+ * trampoline, so the core's lines wait in memory and are appended many at
+ * a time when the core says (_PyPerf_Flush(): within microseconds while
+ * Python code runs, before the program blocks or exits) or when the buffer
+ * is full.  Each batch is appended with _PyPerf_FileAppend()
+ * (Python/perf_files.c), which undoes a partial write, so the file only
+ * ever holds whole lines: a process killed outright loses the lines that
+ * waited, never half a line.
  *
  * Two kinds of writers share the file: the core, for trampolines, with the
  * GIL held, and the C API at the end of this file (PyUnstable_*, for JIT
@@ -44,16 +51,10 @@ static struct {
     /* PyUnstable_PerfMapState_Fini() closed the file: the next use opens
        it again (by name, keeping its lines, or anew if it is gone). */
     int closed;
-    /* Lines made during interpreter startup (site and what it imports)
-       are written together when startup ends, instead of with a system
-       call each (the C API's are written at once, with them: see
-       write_line()).  After that every line is written as it is made,
-       so a process that dies leaves a complete map. */
-    int gathering;
-    size_t gathered;
-    char startup_lines[32 * 1024];
-    /* A line is built here, not on the C stack (the lock serializes us). */
-    char line[64 + _PyPerf_MAX_NAME];
+    /* Lines not written yet, in the order they were made (the C API's
+       are written at once, after them: see write_lines()). */
+    size_t waiting;
+    char lines[32 * 1024];
 } perfmap = {.lock = PTHREAD_MUTEX_INITIALIZER, .file = {.fd = -1}};
 
 /* ----------------------------------------------------------------------
@@ -111,15 +112,21 @@ unlock_map(void)
  * Lines
  */
 
+/* The longest line: two hex numbers, two spaces, a name, a newline. */
+#define MAX_LINE (2 * 2 * sizeof(uintptr_t) + 3 + _PyPerf_MAX_NAME)
+
+/* Append the waiting lines to the file.  Lines that cannot be written are
+   dropped: keeping them would only make every later line wait behind
+   them. */
 static int
-flush_startup_lines(void)
+write_lines(void)
 {
-    if (perfmap.gathered == 0) {
+    if (perfmap.waiting == 0) {
         return 0;
     }
-    int res = _PyPerf_FileAppend(&perfmap.file, perfmap.startup_lines,
-                                 perfmap.gathered);
-    perfmap.gathered = 0;
+    int res = _PyPerf_FileAppend(&perfmap.file, perfmap.lines,
+                                 perfmap.waiting);
+    perfmap.waiting = 0;
     return res;
 }
 
@@ -183,48 +190,40 @@ append_name(char *buf, size_t pos, const char *name, size_t name_size)
     return pos;
 }
 
-/* Build the line "START SIZE NAME\n" in perfmap.line; return its length. */
-static size_t
-format_line(const void *code, size_t code_size, const char *name,
-            size_t name_size)
+/* Add the line "START SIZE NAME\n" to the waiting ones, after writing
+   them if it might not fit.  Returns 0, or -1 with errno set if they could
+   not be written (the line is added all the same). */
+static int
+add_line(const void *code, size_t code_size, const char *name,
+         size_t name_size)
 {
-    char *line = perfmap.line;
+    int res = 0;
+    if (perfmap.waiting + MAX_LINE > sizeof(perfmap.lines)) {
+        res = write_lines();
+    }
+    char *line = perfmap.lines + perfmap.waiting;
     size_t n = append_hex(line, 0, (uintptr_t)code);
     line[n++] = ' ';
     n = append_hex(line, n, code_size);
     line[n++] = ' ';
     n = append_name(line, n, name, name_size);
-    assert(n + 1 <= sizeof(perfmap.line));
     line[n++] = '\n';
-    return n;
-}
-
-/* Write the `size` bytes of perfmap.line.  During startup the line is
-   gathered with the others, and if `now`, they are all written at once:
-   lines keep the order they were made in. */
-static int
-write_line(size_t size, int now)
-{
-    if (!perfmap.gathering) {
-        return _PyPerf_FileAppend(&perfmap.file, perfmap.line, size);
-    }
-    if (perfmap.gathered + size > sizeof(perfmap.startup_lines)
-        && flush_startup_lines() < 0)
-    {
-        return -1;
-    }
-    memcpy(perfmap.startup_lines + perfmap.gathered, perfmap.line, size);
-    perfmap.gathered += size;
-    return now ? flush_startup_lines() : 0;
+    assert(n <= MAX_LINE);
+    perfmap.waiting += n;
+    return res;
 }
 
 /* Open this process's map, unless it has one (perhaps closed by the
    program: reopened on use).  After PyUnstable_PerfMapState_Fini(), the
    same file is opened again by name, its lines kept; if it is no longer
-   there, a new one is started. */
+   there, a new one is started.  `path` receives the file's name only when
+   it is opened. */
 static int
 open_map(char *path, size_t path_size)
 {
+    if (perfmap.file.path[0] != '\0' && !perfmap.closed) {
+        return 0;               /* the common case: no system call */
+    }
     PyOS_snprintf(path, path_size, "/tmp/perf-%ld.map", (long)getpid());
     if (perfmap.file.path[0] != '\0') {
         if (!perfmap.closed) {
@@ -244,17 +243,17 @@ open_map(char *path, size_t path_size)
  */
 
 static int
-perfmap_init(char *path, size_t path_size, int at_startup)
+perfmap_init(char *path, size_t path_size)
 {
     if (lock_map() < 0) {
         return -1;
     }
-    perfmap.gathering = at_startup;
     int res = open_map(path, path_size);
     unlock_map();
     return res;
 }
 
+/* The line waits: the core calls perfmap_flush() soon. */
 static int
 perfmap_write_entry(const void *code, size_t code_size,
                     const char *name, size_t name_size)
@@ -265,8 +264,19 @@ perfmap_write_entry(const void *code, size_t code_size,
     char path[64];
     int res = open_map(path, sizeof(path));
     if (res == 0) {
-        res = write_line(format_line(code, code_size, name, name_size), 0);
+        res = add_line(code, code_size, name, name_size);
     }
+    unlock_map();
+    return res;
+}
+
+static int
+perfmap_flush(void)
+{
+    if (lock_map() < 0) {
+        return -1;
+    }
+    int res = write_lines();
     unlock_map();
     return res;
 }
@@ -290,27 +300,15 @@ perfmap_after_fork_child(char *path, size_t path_size, int copy)
             if (res == 0) {
                 /* Lines the parent had not written yet: it will, to its
                    file. */
-                res = flush_startup_lines();
+                res = write_lines();
             }
         }
         else {
             /* inherited trampolines: not ours to name */
-            perfmap.gathered = 0;
+            perfmap.waiting = 0;
         }
         _PyPerf_FileForget(&parent);
     }
-    unlock_map();
-    return res;
-}
-
-static int
-perfmap_startup_done(void)
-{
-    if (lock_map() < 0) {
-        return -1;
-    }
-    perfmap.gathering = 0;
-    int res = flush_startup_lines();
     unlock_map();
     return res;
 }
@@ -319,7 +317,7 @@ const _PyPerf_Backend _PyPerf_MapBackend = {
     .init = perfmap_init,
     .write_entry = perfmap_write_entry,
     .after_fork_child = perfmap_after_fork_child,
-    .startup_done = perfmap_startup_done,
+    .flush = perfmap_flush,
 };
 
 /* ----------------------------------------------------------------------
@@ -327,7 +325,7 @@ const _PyPerf_Backend _PyPerf_MapBackend = {
  *
  * For code generators of extensions (JIT compilers): from any thread, with
  * or without the GIL.  Their lines go to the map the trampolines' go to,
- * written at once, also during startup.  The return values are upstream's
+ * written at once (with the trampolines' that wait, before them).  The return values are upstream's
  * (3.12): 0; -1 if the file cannot be used, with errno set; -2 if the lock
  * cannot be (here: its fork handlers cannot be registered).
  */
@@ -370,9 +368,10 @@ PyUnstable_WritePerfMapEntry(const void *code_addr, unsigned int code_size,
     if (res < 0) {
         return res;
     }
-    size_t size = format_line(code_addr, code_size, entry_name,
-                              strlen(entry_name));
-    res = write_line(size, 1);
+    res = add_line(code_addr, code_size, entry_name, strlen(entry_name));
+    if (write_lines() < 0) {
+        res = -1;
+    }
     unlock_map();
     return res;
 }
@@ -388,7 +387,7 @@ PyUnstable_PerfMapState_Fini(void)
         return;
     }
     if (perfmap.file.path[0] != '\0' && !perfmap.closed) {
-        (void)flush_startup_lines();
+        (void)write_lines();
         _PyPerf_FileClose(&perfmap.file);
         perfmap.closed = 1;
     }
@@ -408,7 +407,7 @@ PyUnstable_CopyPerfMapFile(const char *parent_filename)
         return res;
     }
     /* After the lines made before this call. */
-    res = flush_startup_lines();
+    res = write_lines();
     if (res == 0) {
         res = _PyPerf_AppendLinesOf(parent_filename, &perfmap.file);
     }

@@ -362,6 +362,9 @@ find_interp(PyInterpreterState *interp)
     return NULL;
 }
 
+#define WRITE_FAILED \
+    "cannot write the profiler's file; new functions are missing from it"
+
 /* Report the first run-time failure (errno says why) on stderr; the
    program goes on either way. */
 static void
@@ -408,8 +411,15 @@ assign_trampoline(PyCodeObject *co, const perf_interp *pi)
     size_t name_size = format_name(co, _PyPerf_core.name);
     if (pi->backend->write_entry(slot, _PyPerf_core.code_size,
                                  _PyPerf_core.name, name_size) < 0) {
-        report_failure("cannot write the profiler's file; new functions "
-                       "are missing from it");
+        report_failure(WRITE_FAILED);
+    }
+    if (pi->backend->flush != NULL && !_PyPerf_core.entries_waiting) {
+        /* Have the eval loop count its checks until they are written
+           (ceval.c: COMPUTE_EVAL_BREAKER keeps it set meanwhile). */
+        _PyPerf_core.entries_waiting = 1;
+        _PyPerf_core.ticks = 0;
+        PyInterpreterState *interp = _PyInterpreterState_GET();
+        _Py_atomic_store_relaxed(&interp->ceval.eval_breaker, 1);
     }
     return (_PyPerf_Trampoline)slot;
 }
@@ -613,6 +623,64 @@ _PyPerf_ForCallSlow(PyThreadState *tstate, PyCodeObject *co, uintptr_t sp)
 }
 
 /* ----------------------------------------------------------------------
+ * Entries that wait (see _PyPerf_Flush() in pycore_perf.h)
+ *
+ * Nothing in a single-threaded process runs on a timer, so the eval loop
+ * is the clock: while entries wait, its eval breaker stays set, and after
+ * _PyPerf_FLUSH_TICKS checks (function entries, backward jumps) they are
+ * written.  During a burst of new code (an import) that is one write()
+ * per batch of hundreds of entries; in a loop, tens of microseconds after
+ * its functions' first calls.  They are also written before the program
+ * blocks or lets other threads run (PyEval_SaveThread) and when it exits.
+ * A process killed outright loses what waited: the functions first called
+ * since the last write, which is long ago only while C code that holds
+ * the GIL runs.
+ */
+
+void
+_PyPerf_Flush(void)
+{
+    if (!_PyPerf_core.entries_waiting) {
+        return;
+    }
+    int saved = errno;
+    _PyPerf_core.entries_waiting = 0;
+    for (int i = 0; i < BACKEND_COUNT; i++) {
+        const _PyPerf_Backend *backend = backends[i].backend;
+        if (backend->flush != NULL && backend->flush() < 0) {
+            report_failure(WRITE_FAILED);
+        }
+    }
+    errno = saved;
+}
+
+static void
+flush_at_exit(void)
+{
+    _PyPerf_Flush();
+}
+
+static pthread_once_t flush_at_exit_once = PTHREAD_ONCE_INIT;
+
+static void
+register_flush_at_exit(void)
+{
+    /* exit() called from C, without Py_Finalize (atexit() failing only
+       costs that case). */
+    (void)atexit(flush_at_exit);
+}
+
+int
+_PyPerf_Tick(void)
+{
+    if (++_PyPerf_core.ticks < _PyPerf_FLUSH_TICKS) {
+        return 0;
+    }
+    _PyPerf_Flush();
+    return 1;
+}
+
+/* ----------------------------------------------------------------------
  * Activation
  */
 
@@ -653,7 +721,7 @@ add_interp(PyInterpreterState *interp)
 }
 
 static int
-activate(PyThreadState *tstate, const char *name, int at_startup)
+activate(PyThreadState *tstate, const char *name)
 {
     PyInterpreterState *interp = tstate->interp;
     const _PyPerf_Backend *backend = find_backend(name);
@@ -689,7 +757,7 @@ activate(PyThreadState *tstate, const char *name, int at_startup)
     }
     char path[256];
     path[0] = '\0';
-    if (backend->init(path, sizeof(path), at_startup) < 0) {
+    if (backend->init(path, sizeof(path)) < 0) {
         PyErr_SetFromErrnoWithFilename(PyExc_OSError, path);
         return -1;
     }
@@ -707,6 +775,9 @@ activate(PyThreadState *tstate, const char *name, int at_startup)
             return -1;
         }
     }
+    if (backend->flush != NULL) {
+        pthread_once(&flush_at_exit_once, register_flush_at_exit);
+    }
     pi->backend = backend;
     if (interp->id == 0) {
         _PyPerf_core.main_index = pi->extra_index[b];
@@ -719,7 +790,7 @@ activate(PyThreadState *tstate, const char *name, int at_startup)
 int
 _PyPerf_Activate(PyThreadState *tstate, const char *name)
 {
-    return activate(tstate, name, 0);
+    return activate(tstate, name);
 }
 
 int
@@ -738,6 +809,7 @@ _PyPerf_Deactivate(PyThreadState *tstate)
         _PyPerf_core.main_index = -1;
         _PyPerf_remote.active = 0;
     }
+    _PyPerf_Flush();
     return 0;
 }
 
@@ -753,6 +825,7 @@ _PyPerf_FiniInterp(PyInterpreterState *interp)
     /* Forget the interpreter: a later one may have the same id (the main
        interpreter after Py_Finalize + Py_Initialize), with fresh co_extra
        indexes. */
+    _PyPerf_Flush();
     perf_interp *pi = find_interp(interp);
     if (pi == NULL) {
         return;
@@ -835,6 +908,8 @@ _PyPerf_AfterForkChild(PyThreadState *tstate)
                          path, strerror(errno));
         }
     }
+    /* The entries that waited are in the child's files, or dropped. */
+    _PyPerf_core.entries_waiting = 0;
 }
 
 void
@@ -843,18 +918,11 @@ _PyPerf_ChildWillExec(void)
     _PyPerf_core.child_will_exec = 1;
 }
 
-/* The interpreter finished starting: backends write what they gathered. */
+/* The interpreter finished starting: what its startup made is written. */
 void
 _PyPerf_StartupDone(void)
 {
-    for (int i = 0; i < BACKEND_COUNT; i++) {
-        const _PyPerf_Backend *backend = backends[i].backend;
-        if (backend->startup_done != NULL && backend->startup_done() < 0)
-        {
-            report_failure("cannot write the profiler's file; new functions "
-                           "are missing from it");
-        }
-    }
+    _PyPerf_Flush();
 }
 
 /* ----------------------------------------------------------------------
@@ -891,10 +959,10 @@ _PyPerf_HandleRemoteRequest(PyThreadState *tstate)
     int res;
     switch (request) {
     case _PyPerf_REQUEST_PERF:
-        res = activate(tstate, "perf", 0);
+        res = activate(tstate, "perf");
         break;
     case _PyPerf_REQUEST_PERF_JIT:
-        res = activate(tstate, "perf_jit", 0);
+        res = activate(tstate, "perf_jit");
         break;
     case _PyPerf_REQUEST_OFF:
         res = _PyPerf_Deactivate(tstate);
@@ -1067,7 +1135,7 @@ _PyPerf_InitFromConfig(PyThreadState *tstate)
         return _PyStatus_OK();
     }
 #ifdef PY_HAVE_PERF_TRAMPOLINE
-    if (activate(tstate, backend, 1) == 0) {
+    if (activate(tstate, backend) == 0) {
         return _PyStatus_OK();
     }
     /* Profiling support must never stop the program: one line, go on. */

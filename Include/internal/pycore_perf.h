@@ -122,10 +122,8 @@ extern int _PyPerf_ConfigForkCopy(const PyConfig *config,
 /* An output that describes trampolines to profilers.  Functions return 0,
    or -1 with errno set; `path` receives the file's name for messages. */
 typedef struct {
-    /* Open this process's output (idempotent).  at_startup: during
-       interpreter startup, when writes may be gathered until
-       startup_done. */
-    int (*init)(char *path, size_t path_size, int at_startup);
+    /* Open this process's output (idempotent). */
+    int (*init)(char *path, size_t path_size);
     /* Describe a new trampoline of code_size bytes at code. */
     int (*write_entry)(const void *code, size_t code_size,
                        const char *name, size_t name_size);
@@ -134,8 +132,10 @@ typedef struct {
        fork; otherwise write_entry starts it, empty.  No-op if never
        initialized. */
     int (*after_fork_child)(char *path, size_t path_size, int copy);
-    /* Optional: startup is over, write what was gathered. */
-    int (*startup_done)(void);
+    /* Optional: write what write_entry left waiting.  A backend that
+       has this may keep entries in memory until it is called (see
+       _PyPerf_Flush()). */
+    int (*flush)(void);
     /* Optional: bytes of address space, from its start, that a trampoline
        of code_size bytes must own (valid after init); default: its code. */
     size_t (*span)(size_t code_size);
@@ -172,6 +172,10 @@ typedef struct {
     int fork_copy;              /* see _PyPerf_AfterForkChild() */
     int child_will_exec;
     int no_new;                 /* a child about to exec: no new trampolines */
+    /* Entries wait in a backend's memory (see _PyPerf_Flush()): read by
+       every interpreter's eval breaker. */
+    int entries_waiting;
+    unsigned int ticks;         /* eval-breaker checks since they began */
     struct _PyPerf_Interp *interps;   /* interpreters that activated */
     size_t interp_count;
     /* A new trampoline's name is made here, not on the C stack: that can
@@ -180,6 +184,19 @@ typedef struct {
 } _PyPerf_Core;
 
 extern _PyPerf_Core _PyPerf_core;
+
+/* Write the entries that wait.  New entries of the perf map are kept in
+   memory and written together (one write() for many), at the latest when
+   the program next blocks or releases the GIL (PyEval_SaveThread), after
+   _PyPerf_FLUSH_TICKS eval-breaker checks (a running loop: microseconds),
+   at exit (also os._exit() and exit() from C), at deactivation and before
+   a forked child starts its own file.  errno is kept; any thread may call
+   it. */
+extern void _PyPerf_Flush(void);
+#define _PyPerf_FLUSH_TICKS 1000
+/* An eval-breaker check while entries wait; returns 1 if it wrote them. */
+extern int _PyPerf_Tick(void);
+#define _PyPerf_ENTRIES_WAITING() (_PyPerf_core.entries_waiting != 0)
 
 /* The part of this thread's C stack that fast-path calls may use:
    [limit, high).  Unknown (limit == high == 0) until the thread's first
@@ -380,6 +397,9 @@ PyAPI_FUNC(Py_ssize_t) _PyPerf_BuildEhFrame(
 #else   /* !PY_HAVE_PERF_TRAMPOLINE */
 
 #define _PyPerf_IS_INSTALLED(tstate) 0
+#define _PyPerf_ENTRIES_WAITING() 0
+#define _PyPerf_Tick() 0
+#define _PyPerf_Flush()
 
 #endif  /* PY_HAVE_PERF_TRAMPOLINE */
 

@@ -15,13 +15,15 @@ import subprocess
 import sys
 import sysconfig
 import textwrap
+import time
 import unittest
 
 from test import support
 from test.test_perf_profiler.util import (
-    GDB_FRAME_RE, GDB_OPTIONS, PerfTestCase, clean_env, gdb_available,
-    gdb_backtrace, map_path, needs_host, parse_map, perf_record_works,
-    record_samples, skip_environment, target_command, write_script)
+    GDB_FRAME_RE, GDB_OPTIONS, TIMEOUT, PerfTestCase, clean_env,
+    gdb_available, gdb_backtrace, map_path, needs_host, parse_map,
+    perf_record_works, read_map, record_samples, skip_environment,
+    target_command, write_script)
 
 EVAL = "_PyEval_EvalFrameDefault"
 
@@ -674,6 +676,127 @@ class MapFileTests(PerfTestCase):
         finally:
             if os.path.islink(path):
                 os.unlink(path)
+
+
+class MapWriteTests(PerfTestCase):
+    """New lines wait in memory and are written many at a time, at the
+    latest when the program blocks, keeps running Python code, or exits."""
+
+    def start(self, source):
+        """Start `source` with -X perf; return the process (killed at the
+        end of the test)."""
+        path = write_script(self.tmpdir, source)
+        proc = subprocess.Popen(
+            [sys.executable, "-X", "perf", path], stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE, env=clean_env(), cwd=self.tmpdir)
+        self.files.add_pid(proc.pid)
+        self.addCleanup(proc.stdout.close)
+        self.addCleanup(proc.stdin.close)
+        self.addCleanup(proc.wait, TIMEOUT)
+        self.addCleanup(proc.kill)
+        self.path = path
+        return proc
+
+    def wait_for_names(self, pid, names):
+        """Wait until the map of the running process `pid` names every
+        function of `names` defined in the script."""
+        deadline = time.monotonic() + TIMEOUT
+        while True:
+            try:
+                found = {e.qualname for e in read_map(pid)
+                         if e.filename == self.path}
+            except FileNotFoundError:
+                found = set()
+            if set(names) <= found:
+                return
+            if time.monotonic() > deadline:
+                self.fail(f"{sorted(set(names) - found)} not in the map "
+                          f"of the running process")
+            time.sleep(0.05)
+
+    def test_few_writes_for_many_lines(self):
+        # /proc/<pid>/io counts the process's write() calls.
+        result = self.run_script("""\
+            import sys
+            n = 3000
+            source = "".join(f"def handler_{i}(x):\\n    return x\\n"
+                             for i in range(n))
+            namespace = {}
+            exec(compile(source, "handlers.py", "exec"), namespace)
+            functions = [namespace[f"handler_{i}"] for i in range(n)]
+            def writes():
+                with open("/proc/self/io", encoding="ascii") as f:
+                    for line in f:
+                        if line.startswith("syscw:"):
+                            return int(line.split()[1])
+            before = writes()
+            for function in functions:
+                function(1)
+            print(writes() - before)
+            """, python_args=["-X", "perf"])
+        writes = int(result.stdout)
+        self.assertLess(writes, 3000 // 20)
+        handlers = {e.qualname for e in result.map_entries()
+                    if e.filename == "handlers.py"}
+        self.assertEqual(handlers,
+                         {"<module>"} | {f"handler_{i}" for i in range(3000)})
+
+    def test_written_while_python_code_runs(self):
+        # Nothing but Python code after the first calls: no I/O, no
+        # allocation of tracked objects, one thread.
+        proc = self.start("""\
+            import sys
+            sys.stdout.write("started\\n")
+            sys.stdout.flush()
+            def busy_inner(x):
+                return (x * 3 + 1) & 0xffff
+            def busy_outer(x):
+                return busy_inner(x) ^ 5
+            x = 1
+            while True:
+                x = busy_outer(x)
+            """)
+        self.assertEqual(proc.stdout.readline(), b"started\n")
+        self.wait_for_names(proc.pid, ["busy_inner", "busy_outer"])
+
+    def test_written_when_the_program_blocks(self):
+        proc = self.start("""\
+            import sys
+            def before_blocking():
+                return 1
+            before_blocking()
+            sys.stdin.read()
+            """)
+        self.wait_for_names(proc.pid, ["before_blocking"])
+        proc.stdin.close()
+        self.assertEqual(proc.wait(TIMEOUT), 0)
+
+    def check_written_at_exit(self, source):
+        result = self.run_script(source, python_args=["-X", "perf"],
+                                 check=False)
+        self.assertEqual(result.returncode, 7, result.stderr)
+        self.assertIn("last_new_function", result.script_names())
+
+    def test_written_at_os_exit(self):
+        self.check_written_at_exit("""\
+            import os
+            def last_new_function():
+                pass
+            last_new_function()
+            os._exit(7)
+            """)
+
+    def test_written_at_exit_from_c(self):
+        # exit() from C (ctypes.PyDLL keeps the GIL: nothing blocks
+        # between the call and the exit).
+        self.check_written_at_exit("""\
+            import ctypes
+            c_exit = ctypes.PyDLL(None).exit
+            def last_new_function():
+                pass
+            last_new_function()
+            c_exit(7)
+            """)
 
 
 class ForkTests(PerfTestCase):
@@ -1534,8 +1657,11 @@ class GdbTests(PerfTestCase):
         probe = run_gdb(["python print('gdb has python')"])
         if "gdb has python" not in probe:
             skip_environment("this gdb has no Python support:\n" + probe)
+        # leaf's map line waits in memory until the process blocks: the
+        # first call makes it, a sleep writes it, the calls from middle()
+        # are the ones stopped in.
         path = write_script(self.tmpdir, """\
-            import os
+            import os, time
             def leaf():
                 return os.getppid()
             def middle():
@@ -1543,13 +1669,16 @@ class GdbTests(PerfTestCase):
                 return leaf()
             def top():
                 return middle()
+            leaf()
+            time.sleep(0)
             top()
             """)
         commands = write_script(
             self.tmpdir,
             self.STEP_SCRIPT.format(target=f"py::leaf:{path}"),
             name="commands.py")
-        output = run_gdb(["break os_getppid", f"source {commands}"],
+        output = run_gdb(["break os_getppid", "ignore 1 1",
+                          f"source {commands}"],
                          [sys.executable, "-X", "perf", path])
         insns = returns_to = None
         stops = []

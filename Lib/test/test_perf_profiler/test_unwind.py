@@ -43,6 +43,11 @@ SCRIPT = """\
     level1()
     """
 
+# After the walk the script runs to its end: the map lines of new
+# functions wait in memory (Python/perf_map.c), and a process that exits
+# writes them, where one that is killed (gdb's "kill") may not.
+CONTINUE = "continue"
+
 FRAME_POINTER = {"x86_64": "$rbp", "aarch64": "$x29"}
 # The bits of a return address that are the address: on aarch64, the
 # kernel strips the pointer authentication code (PAC) that paciasp put in
@@ -102,7 +107,7 @@ class FramePointerWalkTests(PerfTestCase):
         """gdb runs the interpreter; return (pid, gdb's output)."""
         proc = subprocess.run(
             [*self.gdb_commands(f"break {BREAKPOINT}", "run",
-                                f"source {self.walk}", *extra, "kill"),
+                                f"source {self.walk}", *extra, CONTINUE),
              "--args", sys.executable, "-X", "perf", self.script],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
             errors="backslashreplace", env=clean_env(), timeout=TIMEOUT)
@@ -135,7 +140,7 @@ class FramePointerWalkTests(PerfTestCase):
                 f"set tcp connect-timeout {int(TIMEOUT)}",
                 f"target remote 127.0.0.1:{port}",
                 f"break {BREAKPOINT}", "continue",
-                f"source {self.walk}", *extra, "kill"), binary],
+                f"source {self.walk}", *extra, CONTINUE), binary],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
             errors="backslashreplace", env=clean_env(), timeout=TIMEOUT)
         return target.pid, proc.stdout
