@@ -20,6 +20,18 @@ NOFP_FLAGS := --without-frame-pointers --enable-shared \
 	LDFLAGS=-Wl,-rpath,$(CURDIR)/$(NOFP_TREE)
 NOFP_PYTHON := $(CURDIR)/$(NOFP_TREE)/python
 
+# make release: the build to run in production, in a tree of its own:
+# PGO + LTO (as Debian builds its python3.11), frame pointers kept, and
+# trained with perf trampolines off and on (tools/pgo_task.py).  make
+# install and make debian build the same way (RELEASE_FLAGS= for a quick
+# unoptimized build; make test builds its Debian tree so).  make
+# release-nofp: the same without frame pointers, for make bench to show
+# what they cost.
+RELEASE_TREE := build/cpython-release
+RELEASE_NOFP_TREE := build/cpython-release-nofp
+RELEASE_FLAGS ?= --enable-optimizations --with-lto \
+	PROFILE_TASK=$(CURDIR)/tools/pgo_task.py
+
 # make dist: the overlay, patches/ and the regenerated configure as one
 # patch for the pristine source.  make install builds that patch applied
 # to the pristine source, configured for PREFIX, in a tree of its own
@@ -39,9 +51,9 @@ DEBIAN_TREE := build/cpython-debian
 # (tools/build-aarch64.sh).
 AARCH64_TREE := build/cpython-aarch64
 
-.PHONY: all build deps deps-jit tree export dist install test test-fresh demo demo-jit nofp bench clean help
+.PHONY: all build deps deps-jit tree export dist install test test-fresh demo demo-jit nofp release release-nofp bench clean help
 .PHONY: deps-debian debian install-debian test-debian
-.PHONY: deps-aarch64 aarch64 test-aarch64
+.PHONY: deps-aarch64 aarch64 test-aarch64 test-release
 
 all: build
 
@@ -51,14 +63,17 @@ help:
 	@echo "make test-fresh make demo and make test in a clean Debian 12 root (debootstrap)"
 	@echo "make demo       profile examples/demo.py under perf and show Python frames"
 	@echo "make demo-jit   the same with -X perf_jit on a build without frame pointers"
-	@echo "make bench      benchmarks: stock 3.11.2 vs ours (perf off/on) vs upstream"
+	@echo "make bench      benchmarks: ours and its release build (perf off/on) vs stock 3.11.2, Debian's python3.11, upstream"
 	@echo "make tree       (re)assemble $(TREE) from the pristine source + overlay + patches"
 	@echo "make export     write edits in $(TREE) back to the overlay and patches/"
+	@echo "make release    build $(RELEASE_TREE): PGO + LTO, trained with -X perf too"
+	@echo "make release-nofp  the same without frame pointers (for make bench)"
 	@echo "make dist       write $(DIST_PATCH) (patch -p1 on pristine 3.11.2)"
 	@echo "make install    build for PREFIX ($(PREFIX)) and install python3.11 there, as altinstall does"
 	@echo "make debian     build $(DEBIAN_TREE): Debian 12's python3.11 source and patches + ours"
 	@echo "make test-debian   the tests of make test (less the tooling's) on the Debian build"
 	@echo "make install-debian   install the Debian build for PREFIX, as altinstall does"
+	@echo "make test-release   the tests of make test (less the tooling's) on the release build"
 	@echo "make aarch64    cross-build $(AARCH64_TREE) for arm64 (runs under qemu-user)"
 	@echo "make test-aarch64   our tests with the arm64 build under qemu-user"
 	@echo "make deps       install missing Debian build dependencies (as root)"
@@ -93,18 +108,30 @@ nofp: deps-jit tree
 	@TREE=$(NOFP_TREE) tools/assemble.sh
 	@tools/build.sh $(NOFP_TREE) $(BASE_FLAGS) $(NOFP_FLAGS) $(CONFIGURE_FLAGS)
 
+release: tree
+	@TREE=$(RELEASE_TREE) tools/assemble.sh
+	@tools/build.sh $(RELEASE_TREE) $(BASE_FLAGS) $(RELEASE_FLAGS) \
+		$(CONFIGURE_FLAGS)
+
+release-nofp: tree
+	@TREE=$(RELEASE_NOFP_TREE) tools/assemble.sh
+	@tools/build.sh $(RELEASE_NOFP_TREE) $(BASE_FLAGS) $(RELEASE_FLAGS) \
+		--without-frame-pointers $(CONFIGURE_FLAGS)
+
 dist: deps
 	@tools/dist.sh $(DIST_PATCH)
 
 install: dist
 	@tools/install.sh $(DIST_PATCH) "$(PREFIX)" "$(DESTDIR)" $(BASE_FLAGS) \
-		$(CONFIGURE_FLAGS)
+		$(RELEASE_FLAGS) $(CONFIGURE_FLAGS)
 
 debian: deps-debian dist
-	@tools/debian.sh $(DIST_PATCH) "$(PREFIX)" $(CONFIGURE_FLAGS)
+	@tools/debian.sh $(DIST_PATCH) "$(PREFIX)" $(RELEASE_FLAGS) \
+		$(CONFIGURE_FLAGS)
 
 install-debian: deps-debian dist
-	@tools/debian.sh --install "$(DESTDIR)" $(DIST_PATCH) "$(PREFIX)" $(CONFIGURE_FLAGS)
+	@tools/debian.sh --install "$(DESTDIR)" $(DIST_PATCH) "$(PREFIX)" \
+		$(RELEASE_FLAGS) $(CONFIGURE_FLAGS)
 
 # Our build is the cross build's build Python.
 aarch64: deps-aarch64 build
@@ -118,6 +145,8 @@ ifeq ($(shell uname -m),x86_64)
 TEST_AARCH64 := aarch64
 TEST_QEMU := --qemu $(AARCH64_TREE)
 endif
+# The tests' Debian tree is built without PGO and LTO (40 minutes less).
+test test-debian: RELEASE_FLAGS :=
 test: build nofp debian $(TEST_AARCH64)
 	@PERF_NOFP_PYTHON=$(NOFP_PYTHON) tools/run-tests.sh --tree $(TREE) \
 		--tree $(DEBIAN_TREE) $(TEST_QEMU)
@@ -128,6 +157,10 @@ test-debian: nofp debian
 
 test-aarch64: aarch64
 	@tools/run-tests.sh --qemu $(AARCH64_TREE)
+
+test-release: nofp release
+	@PERF_NOFP_PYTHON=$(NOFP_PYTHON) tools/run-tests.sh --no-tooling \
+		--tree $(RELEASE_TREE)
 
 # The README's two commands in a clean Debian 12 root (what CI runs).
 test-fresh:
@@ -141,7 +174,7 @@ demo-jit: nofp
 
 # BENCH_RUNS=N (repetitions), BENCH_FILTER=fib,json (workloads),
 # BENCH_UPSTREAM="py1 py2" (upstream interpreters; default: pyenv 3.12/3.13).
-bench: build
+bench: build release
 	@BASE_FLAGS="$(BASE_FLAGS)" tools/bench.sh
 
 # --one-file-system: never into a fresh root's /dev or /sys that an

@@ -45,6 +45,11 @@ Environment (or the matching command line options):
     BENCH_THEIRS    the interpreter users run today, measured with perf off
                     (default /usr/bin/python3.11, Debian's, when present;
                     set but empty: none)
+    BENCH_RELEASE   our release build, PGO + LTO (default
+                    build/cpython-release/python when built; empty: none)
+    BENCH_RELEASE_NOFP  the same without frame pointers, measured with perf
+                    off: what frame pointers cost on their own (default
+                    build/cpython-release-nofp/python when built)
 """
 
 import argparse
@@ -205,6 +210,20 @@ def make_configs(args):
         version = wait_until_runs(args.theirs, "theirs", patient=False)
         configs.append(Config("theirs", "theirs", args.theirs, False,
                               version))
+    if args.release:
+        version = wait_until_runs(args.release, "release", patient=True)
+        if not perf_works(args.release):
+            raise RuntimeError("%s -X perf does not activate the trampoline"
+                               % args.release)
+        configs.append(Config("release-off", "release", args.release, False,
+                              version))
+        configs.append(Config("release-on", "release", args.release, True,
+                              version))
+    if args.release_nofp:
+        version = wait_until_runs(args.release_nofp, "release-nofp",
+                                  patient=True)
+        configs.append(Config("release-nofp-off", "release-nofp",
+                              args.release_nofp, False, version))
     for python in args.upstream:
         try:
             version = wait_until_runs(python, python, patient=False)
@@ -321,7 +340,8 @@ def ratio(a, b):
 
 
 def ratio_order(name):
-    return (not name.endswith("on/off"), not name.startswith("ours"), name)
+    return (not name.endswith("on/off"),
+            not name.startswith(("ours", "release")), name)
 
 
 def summarize(configs, workloads, samples, units):
@@ -357,6 +377,9 @@ def summarize(configs, workloads, samples, units):
         add("ours on/stock", "ours-on", "stock")
         add("ours off/theirs", "ours-off", "theirs")
         add("ours on/theirs", "ours-on", "theirs")
+        add("release off/theirs", "release-off", "theirs")
+        add("release on/theirs", "release-on", "theirs")
+        add("release fp/nofp", "release-off", "release-nofp-off")
         for c in configs:
             if c.group not in ("stock", "ours") and c.perf:
                 add("%s on/off" % c.group, c.key, "%s-off" % c.group)
@@ -405,7 +428,7 @@ def print_tables(configs, workloads, results, geo, runs, metric):
                % (METRIC_TITLES[metric], runs))
     head = "%-*s" % (wname, "workload")
     for c in configs:
-        head += " %15s" % c.key
+        head += " %16s" % c.key
     out.append(head)
     for w in workloads:
         line = "%-*s" % (wname, w)
@@ -413,7 +436,7 @@ def print_tables(configs, workloads, results, geo, runs, metric):
             e = results[w]["configs"].get(c.key)
             cell = ("%s / %s" % (fmt_time(e["min"]), fmt_time(e["median"]))
                     if e else "failed")
-            line += " %15s" % cell
+            line += " %16s" % cell
         out.append(line)
 
     names = [n for n in geo] or []
@@ -566,6 +589,12 @@ def parse_args():
                    help="the interpreter users run today, without perf "
                    "(default: /usr/bin/python3.11 when present; empty: "
                    "none)")
+    p.add_argument("--release", default=env.get("BENCH_RELEASE"),
+                   help="our PGO + LTO build (default: "
+                   "build/cpython-release/python when built; empty: none)")
+    p.add_argument("--release-nofp", default=env.get("BENCH_RELEASE_NOFP"),
+                   help="the same without frame pointers (default: "
+                   "build/cpython-release-nofp/python when built)")
     p.add_argument("--upstream", default=env.get("BENCH_UPSTREAM"),
                    help="space-separated interpreters "
                    "(default: pyenv 3.12/3.13)")
@@ -583,6 +612,11 @@ def parse_args():
                      else args.upstream.split())
     if args.theirs is None and os.path.exists(DEBIAN_PYTHON):
         args.theirs = DEBIAN_PYTHON
+    for name, tree in (("release", "cpython-release"),
+                       ("release_nofp", "cpython-release-nofp")):
+        built = os.path.join(ROOT, "build", tree, "python")
+        if getattr(args, name) is None and os.path.exists(built):
+            setattr(args, name, built)
     args.filters = [f.strip() for f in args.filter.split(",") if f.strip()]
     return args
 
