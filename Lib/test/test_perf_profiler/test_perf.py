@@ -1499,9 +1499,11 @@ struct jit_descriptor {
 };
 """
 
-def run_gdb(commands, args=(), *, attach=None, timeout=support.SHORT_TIMEOUT):
+def run_gdb(commands, args=(), *, attach=None, files=None,
+            timeout=support.SHORT_TIMEOUT):
     """Run gdb -batch with `commands` (each an -ex) on the program `args`,
-    or attached to the process `attach`; return its whole output."""
+    or attached to the process `attach`; return its whole output.
+    `files` (a ProfilerFiles) claims the files of the processes it ran."""
     cmd = ["gdb", *GDB_OPTIONS]
     if attach is not None:
         cmd += ["-p", str(attach)]
@@ -1513,6 +1515,8 @@ def run_gdb(commands, args=(), *, attach=None, timeout=support.SHORT_TIMEOUT):
         cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
         stdin=subprocess.DEVNULL, text=True, errors="backslashreplace",
         env=clean_env(), timeout=timeout)
+    if files is not None:
+        files.add_gdb_inferiors(proc.stdout)
     return proc.stdout
 
 
@@ -1569,14 +1573,16 @@ class GdbTests(PerfTestCase):
     def test_backtrace_walks_through_trampolines(self):
         path = write_script(self.tmpdir, self.SCRIPT)
         # The same stop without trampolines shows what this gdb can do.
-        names, output = gdb_backtrace([sys.executable, path], "os_getppid")
+        names, output = gdb_backtrace([sys.executable, path], "os_getppid",
+                                      self.files)
         if names[:1] != ["os_getppid"] or "Py_BytesMain" not in names:
             skip_environment("gdb cannot unwind this interpreter without "
                           "trampolines either:\n" + output[-1000:])
         for backend in ("perf", "perf_jit"):
             with self.subTest(backend=backend):
                 names, output = gdb_backtrace(
-                    [sys.executable, "-X", backend, path], "os_getppid")
+                    [sys.executable, "-X", backend, path], "os_getppid",
+                    self.files)
                 self.assertEqual(names[:1], ["os_getppid"], output)
                 # leaf, middle, top and <module>
                 self.assertPythonLevels(names, 4, output)
@@ -1602,7 +1608,7 @@ class GdbTests(PerfTestCase):
                 output = run_gdb(
                     ["break os_getppid", "run",
                      f"break {EVAL}", "continue", "bt", "kill"],
-                    [sys.executable, "-X", backend, path])
+                    [sys.executable, "-X", backend, path], files=self.files)
                 traces = backtraces(output)
                 self.assertEqual(len(traces), 1, output)
                 names = traces[0]
@@ -1679,7 +1685,8 @@ class GdbTests(PerfTestCase):
             name="commands.py")
         output = run_gdb(["break os_getppid", "ignore 1 1",
                           f"source {commands}"],
-                         [sys.executable, "-X", "perf", path])
+                         [sys.executable, "-X", "perf", path],
+                         files=self.files)
         insns = returns_to = None
         stops = []
         for line in output.splitlines():
@@ -1782,7 +1789,8 @@ other_jit_register(const char *image, uint64_t size)
             """)
         output = run_gdb(["break os_getppid", "run",
                           "info functions other_jit_function", "bt", "kill"],
-                         [sys.executable, "-X", "perf", path, library, image])
+                         [sys.executable, "-X", "perf", path, library, image],
+                         files=self.files)
         self.assertIn("int other_jit_function(int);", output)
         traces = backtraces(output)
         self.assertEqual(len(traces), 1, output)
@@ -1802,7 +1810,8 @@ other_jit_register(const char *image, uint64_t size)
         path = write_script(self.tmpdir, self.SCRIPT)
         output = run_gdb([f"source {extension}", "break os_getppid", "run",
                           "py-bt", "kill"],
-                         [sys.executable, "-X", "perf", path])
+                         [sys.executable, "-X", "perf", path],
+                         files=self.files)
         functions = re.findall(rf'^  File "{re.escape(path)}", line \d+, '
                                rf'in (\S+)$', output, re.MULTILINE)
         self.assertEqual(functions, ["leaf", "middle", "top", "<module>"],

@@ -88,6 +88,8 @@ class ProbeTests(unittest.TestCase):
         reason = gdb_available()
         if reason:
             skip_environment(reason)
+        files = ProfilerFiles()
+        self.addCleanup(files.cleanup)
         code = ("import sys\n"
                 "def probe_target():\n"
                 "    return 1\n"
@@ -95,7 +97,7 @@ class ProbeTests(unittest.TestCase):
                 "probe_target()\n")
         names, output = gdb_backtrace(
             [sys.executable, "-X", "perf", "-c", code],
-            "-probe-stap python:function__entry",
+            "-probe-stap python:function__entry", files,
             condition='$_streq((char *)$_probe_arg1, "probe_target")',
             env=clean_env())
         self.assertIn("Breakpoint 2, ", output)

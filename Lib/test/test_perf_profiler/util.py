@@ -293,6 +293,13 @@ class ProfilerFiles:
         """Claim the files of process `pid`."""
         self.pids.add(int(pid))
 
+    def add_gdb_inferiors(self, output):
+        """Claim the files of the processes gdb ran, named in its output
+        ("[Inferior 1 (process 1234) killed]").  A process gdb kills may
+        not have written the lines that name the test's functions."""
+        for pid in re.findall(r"\(process (\d+)\)", output):
+            self.add_pid(pid)
+
     def created(self):
         """Files that appeared since the snapshot (anyone's)."""
         return sorted(self._scan() - self.before)
@@ -492,11 +499,11 @@ def gdb_available():
     return None
 
 
-def gdb_backtrace(args, breakpoint, *, env=None, timeout=TIMEOUT,
+def gdb_backtrace(args, breakpoint, files, *, env=None, timeout=TIMEOUT,
                   condition=None):
     """Run `args` under gdb -batch, stop at `breakpoint` (where the gdb
     expression `condition` holds, if given: then it is breakpoint 2),
-    take a "bt".
+    take a "bt".  `files` (a ProfilerFiles) claims the process's files.
 
     Returns (frame names outermost last, gdb's whole output).  A frame
     without a symbol is "??".
@@ -517,6 +524,7 @@ def gdb_backtrace(args, breakpoint, *, env=None, timeout=TIMEOUT,
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         errors="backslashreplace", env=clean_env() if env is None else env,
         timeout=timeout)
+    files.add_gdb_inferiors(proc.stdout)
     names = []
     for line in proc.stdout.splitlines():
         match = GDB_FRAME_RE.match(line)
