@@ -1540,12 +1540,15 @@ class MapFaultTests(StressTestCase):
                     total += ns[f"{prefix}_{i}"]()
                 return total
 
+            # New lines wait in memory until the program blocks (as in
+            # os.stat()), or runs on: they are written by the stat calls.
             print(make("warm", 5))
             soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
             # Room for 10 more bytes: the next line is cut.
             resource.setrlimit(resource.RLIMIT_FSIZE,
                                (os.path.getsize(path) + 10, hard))
             print(make("cut", 5))
+            os.stat(path)
             resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
             print(make("after", 5))
             """, python_args=PERF)
