@@ -12,9 +12,9 @@ import time
 import unittest
 
 from test.test_perf_profiler.util import (
-    PerfTestCase, TIMEOUT, clean_env, gdb_available, jitdump_path, needs_host,
-    perf_record_works, read_map, record_samples, skip_environment,
-    write_script)
+    PerfTestCase, TIMEOUT, clean_env, gdb_available, jitdump_path,
+    map_written_since, needs_host, perf_record_works, read_map,
+    record_samples, skip_environment, write_script)
 
 # The target: work() calls outer -> middle -> inner and now and then
 # compiles a new function, until the file argv[2] exists; it checks every
@@ -251,13 +251,15 @@ class AttachTests(AttachTestCase):
         self.assertEqual(self.finish(proc), ("bad 0\n", ""))
 
     def test_forked_child(self):
+        started = time.time()
         proc, child = self.start("fork")
         self.assertIn("on (backend perf)", self.switch("attach", child))
         time.sleep(0.2)
         self.assertIn("inner", self.script_names(child))
         out, err = self.finish(proc)
         self.assertEqual((out, err), ("child bad 0\nbad 0\n", ""))
-        self.assertFalse(os.path.exists(f"/tmp/perf-{proc.pid}.map"))
+        # (An older map of a process that had the parent's pid is not its.)
+        self.assertFalse(map_written_since(proc.pid, started))
 
 
 class AttachErrorTests(AttachTestCase):

@@ -931,6 +931,7 @@ class ForkTests(PerfTestCase):
             before_fork()
             sys.deactivate_stack_trampoline()
             r, w = os.pipe()
+            forked = time.time()
             pid = os.fork()
             if pid == 0:
                 os.close(w)
@@ -941,7 +942,12 @@ class ForkTests(PerfTestCase):
             os.close(r)
             print(pid, flush=True)
             time.sleep(0.2)
-            print(os.path.exists(f"/tmp/perf-{pid}.map"))
+            # (A map an earlier process with the child's pid left is older.)
+            try:
+                mtime = os.stat(f"/tmp/perf-{pid}.map").st_mtime
+                print(mtime >= forked - 0.05)
+            except FileNotFoundError:
+                print(False)
             os.close(w)
             os.waitpid(pid, 0)
             """, python_args=["-X", "perf"])
