@@ -17,6 +17,12 @@ fi
 nproc=${BUILD_JOBS:-$(nproc 2>/dev/null || echo 2)}
 
 if [ ! -f "$dir/Makefile" ] || [ "$(cat "$stamp" 2>/dev/null)" != "$args" ]; then
+    # Objects do not depend on the compiler flags, nor a PGO build's
+    # profile on anything: what was built with other arguments goes.
+    if [ -f "$dir/Makefile" ]; then
+        echo "build: the arguments changed: make clean in $dir" >&2
+        make -C "$dir" -s clean >/dev/null 2>&1 || true
+    fi
     echo "build: configuring $dir ${args:+($args)}" >&2
     (cd "$dir" && ./configure -q "$@" >configure.out 2>&1) || {
         tail -30 "$dir/configure.out" >&2
