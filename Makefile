@@ -31,10 +31,6 @@ RELEASE_TREE := build/cpython-release
 RELEASE_NOFP_TREE := build/cpython-release-nofp
 RELEASE_FLAGS ?= --enable-optimizations --with-lto \
 	PROFILE_TASK=$(CURDIR)/tools/pgo_task.py
-# The interpreter of make release and make install is linked as Debian
-# links its python3.11: not position-independent, which costs the
-# evaluation loop a few percent (make debian's has Debian's own flags).
-RELEASE_EXE_FLAGS := CFLAGS=-fno-pie LDFLAGS=-no-pie
 
 # make dist: the overlay, patches/ and the regenerated configure as one
 # patch for the pristine source.  make install builds that patch applied
@@ -115,19 +111,19 @@ nofp: deps-jit tree
 release: tree
 	@TREE=$(RELEASE_TREE) tools/assemble.sh
 	@tools/build.sh $(RELEASE_TREE) $(BASE_FLAGS) $(RELEASE_FLAGS) \
-		$(RELEASE_EXE_FLAGS) $(CONFIGURE_FLAGS)
+		$(CONFIGURE_FLAGS)
 
 release-nofp: tree
 	@TREE=$(RELEASE_NOFP_TREE) tools/assemble.sh
 	@tools/build.sh $(RELEASE_NOFP_TREE) $(BASE_FLAGS) $(RELEASE_FLAGS) \
-		$(RELEASE_EXE_FLAGS) --without-frame-pointers $(CONFIGURE_FLAGS)
+		--without-frame-pointers $(CONFIGURE_FLAGS)
 
 dist: deps
 	@tools/dist.sh $(DIST_PATCH)
 
 install: dist
 	@tools/install.sh $(DIST_PATCH) "$(PREFIX)" "$(DESTDIR)" $(BASE_FLAGS) \
-		$(RELEASE_FLAGS) $(RELEASE_EXE_FLAGS) $(CONFIGURE_FLAGS)
+		$(RELEASE_FLAGS) $(CONFIGURE_FLAGS)
 
 debian: deps-debian dist
 	@tools/debian.sh $(DIST_PATCH) "$(PREFIX)" $(RELEASE_FLAGS) \
