@@ -43,6 +43,23 @@ SCRIPT = """\
     level1()
     """
 
+# Frames that the eval-frame entry starts, not a CALL instruction: a
+# generator resumed by next(), a function called from C by map().
+SCRIPT_FROM_C = """\
+    import os
+
+    def numbers():
+        yield os.getppid()
+
+    def first(_):
+        return next(numbers())
+
+    def level1():
+        return list(map(first, [0]))
+
+    level1()
+    """
+
 # After the walk the script runs to its end: the map lines of new
 # functions wait in memory (Python/perf_map.c), and a process that exits
 # writes them, where one that is killed (gdb's "kill") may not.
@@ -171,6 +188,12 @@ class FramePointerWalkTests(PerfTestCase):
     def test_frame_records_reach_every_python_function(self):
         names, output = self.walk_to_python()
         self.assertEqual(names, ["level3", "level2", "level1", "<module>"],
+                         output)
+
+    def test_frame_records_through_generators_and_calls_from_c(self):
+        self.script = write_script(self.tmpdir, SCRIPT_FROM_C, "from_c.py")
+        names, output = self.walk_to_python()
+        self.assertEqual(names, ["numbers", "first", "level1", "<module>"],
                          output)
 
     def test_gdb_backtrace_reaches_main(self):
