@@ -122,7 +122,8 @@ release: tree
 	@tools/build.sh $(RELEASE_TREE) $(BASE_FLAGS) $(RELEASE_FLAGS) \
 		$(RELEASE_EXE_FLAGS) $(CONFIGURE_FLAGS)
 
-# CPython links _bootstrap_python with the make variable only.
+# CPython links _bootstrap_python with the make variable only (the
+# executable gets both: the same spec twice, to no effect).
 release release-nofp install: export LDFLAGS_NODIST := $(NO_PIE_LINK)
 
 release-nofp: tree
