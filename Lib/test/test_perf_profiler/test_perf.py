@@ -2267,6 +2267,24 @@ class PerfRecordTests(PerfTestCase):
                           ["leaf", "middle", "top", "<module>"],
                           between={0: "map_next"})
 
+    def test_generator_chain(self):
+        # Calling squares() only makes the generator; its frame goes
+        # through the trampoline each time sum() resumes it.
+        path, samples = self.record("""\
+            def squares(n):
+                for i in range(n):
+                    yield i * i
+            def total():
+                t = 0
+                for _ in range(25):
+                    t += sum(squares(150000))
+                return t
+            total()
+            """, ["-X", "perf"])
+        self.assertChains(samples, path,
+                          ["squares", "total", "<module>"],
+                          between={0: "builtin_sum"})
+
     def test_specialized_calls_chain(self):
         # BINARY_SUBSCR_GETITEM, CALL_PY_WITH_DEFAULTS, a method call.
         path, samples = self.record("""\
