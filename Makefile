@@ -31,15 +31,14 @@ RELEASE_TREE := build/cpython-release
 RELEASE_NOFP_TREE := build/cpython-release-nofp
 RELEASE_FLAGS ?= --enable-optimizations --with-lto \
 	PROFILE_TASK=$(CURDIR)/tools/pgo_task.py
-# Its executable is not position-independent, as Debian links its
-# python3.11 (1.3% faster, measured by make bench).  dpkg's spec files
-# leave -fPIC and -shared alone, so extension modules stay shared
-# objects; the _NODIST variables keep them out of sysconfig's CFLAGS,
+# Its executable is linked not position-independent, as Debian links its
+# python3.11.  The code stays position-independent: libpython3.11.a goes
+# into embedders' executables, which GCC makes PIE by default.  dpkg's
+# spec file leaves -shared alone, so extension modules stay shared
+# objects; the _NODIST variable keeps it out of sysconfig's LDFLAGS,
 # which third-party extensions are built with.
 NO_PIE_LINK := -specs=/usr/share/dpkg/no-pie-link.specs
-RELEASE_EXE_FLAGS := \
-	CFLAGS_NODIST=-specs=/usr/share/dpkg/no-pie-compile.specs \
-	LDFLAGS_NODIST=$(NO_PIE_LINK)
+RELEASE_EXE_FLAGS := LDFLAGS_NODIST=$(NO_PIE_LINK)
 
 # make dist: the overlay, patches/ and the regenerated configure as one
 # patch for the pristine source.  make install builds that patch applied
