@@ -21,8 +21,11 @@
  * template keeps a frame record (saved frame pointer + return address), so
  * a frame-pointer unwinder steps from _PyEval_EvalFrameDefault into the
  * trampoline and on into the caller.  That requires the interpreter to be
- * built with frame pointers (configure's default when this is enabled); the
- * perf_jit backend instead describes the trampolines with DWARF unwind info.
+ * built with frame pointers (configure's default when this is enabled), or
+ * with --with-frame-pointers=python: records in the evaluator and the
+ * trampolines only, and the frame pointer register left alone elsewhere;
+ * the perf_jit backend instead describes the trampolines with DWARF
+ * unwind info.
  *
  * Memory.  Trampolines live in arenas: an arena is mapped read-write, filled
  * with template copies, then made read-execute (never writable and

@@ -240,7 +240,9 @@ _PyPerf_Lookup(PyCodeObject *co, Py_ssize_t index)
    inline the call as usual.  The common case, the main interpreter calling
    code that has a trampoline on a stack with room, takes no call (in a
    static libpython: a shared one reaches _PyPerf_stack through
-   __tls_get_addr). */
+   __tls_get_addr).  Taking the frame address also gives the evaluator a
+   frame record when nothing else would: --with-frame-pointers=python
+   relies on it. */
 static inline _PyPerf_Trampoline
 _PyPerf_ForCall(PyThreadState *tstate, PyCodeObject *co)
 {

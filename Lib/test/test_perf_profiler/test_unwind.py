@@ -16,15 +16,17 @@ trampolines' JIT images must reach main.
 
 import os
 import platform
+import re
 import shutil
 import socket
 import subprocess
 import sys
 import unittest
 
+from test.support import import_helper
 from test.test_perf_profiler.util import (
-    GDB_FRAME_RE, GDB_OPTIONS, TIMEOUT, PerfTestCase, clean_env, read_map,
-    skip_environment, under_qemu, write_script)
+    GDB_FRAME_RE, GDB_OPTIONS, PYTHON_FRAME_RECORDS, TIMEOUT, PerfTestCase,
+    clean_env, read_map, skip_environment, under_qemu, write_script)
 
 # The C function to stop in: os.getppid(), which nothing else calls.
 BREAKPOINT = "os_getppid"
@@ -210,6 +212,71 @@ class FramePointerWalkTests(PerfTestCase):
                   if match]
         self.assertEqual(frames.count("py_trampoline"), 4, output)
         self.assertIn("Py_BytesMain", frames, output)
+
+
+# x86_64 instructions that write rbp for a frame record: its setup and
+# teardown ("leave" names no register), and the ABI's end of the chain
+# (_start clears it).  AT&T syntax: destination last.
+FRAME_RECORD_WRITES = {"mov %rsp,%rbp", "pop %rbp", "xor %ebp,%ebp"}
+RBP_DESTINATION_RE = re.compile(r"%(?:rbp|ebp|bp|bpl)$")
+READS_ONLY = ("push", "cmp", "test", "bt")
+
+
+def code_file(symbol):
+    """The file mapped into this process that holds `symbol`'s code: the
+    executable, or the shared libpython."""
+    ctypes = import_helper.import_module("ctypes")
+    address = ctypes.cast(getattr(ctypes.pythonapi, symbol),
+                          ctypes.c_void_p).value
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            fields = line.split(maxsplit=5)
+            start, end = (int(x, 16) for x in fields[0].split("-"))
+            if start <= address < end and len(fields) == 6:
+                return fields[5].strip()
+    raise AssertionError(f"{symbol} at {address:#x} is in no mapped file")
+
+
+@unittest.skipUnless(PYTHON_FRAME_RECORDS,
+                     "built with frame records in every function")
+class FrameRegisterTests(unittest.TestCase):
+    """--with-frame-pointers=python: perf's walk steps over a C function
+    between two frame records only if it leaves the register alone."""
+
+    def functions(self, path):
+        """{function: [instruction]} of the disassembly of `path`."""
+        objdump = shutil.which("objdump")
+        if objdump is None:
+            skip_environment("objdump (binutils) is not installed")
+        proc = subprocess.run([objdump, "-d", "--no-show-raw-insn", path],
+                              capture_output=True, text=True)
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        functions = {}
+        code = None
+        for line in proc.stdout.splitlines():
+            label = re.match(r"^[0-9a-f]+ <(.+)>:$", line)
+            insn = re.match(r"^\s*[0-9a-f]+:\s+(\S.*)$", line)
+            if label:
+                code = functions.setdefault(label.group(1), [])
+            elif insn and code is not None:
+                code.append(" ".join(insn.group(1).split("#")[0].split()))
+        return functions
+
+    def test_only_frame_records_write_the_frame_pointer(self):
+        if platform.machine() != "x86_64":
+            self.skipTest("the check reads x86_64 instructions")
+        functions = self.functions(code_file("_PyEval_EvalFrameDefault"))
+        self.assertIn("mov %rsp,%rbp",
+                      functions["_PyEval_EvalFrameDefault"])
+        writers = {}
+        for name, code in functions.items():
+            for insn in code:
+                mnemonic, _, operands = insn.partition(" ")
+                if (insn not in FRAME_RECORD_WRITES
+                        and not mnemonic.startswith(READS_ONLY)
+                        and RBP_DESTINATION_RE.search(operands)):
+                    writers.setdefault(name, insn)
+        self.assertEqual(writers, {})
 
 
 if __name__ == "__main__":

@@ -21,6 +21,8 @@ The API, in the order a test usually needs it:
 * needs_host(): mark a test that needs the host machine itself (perf,
   gdb or bpftrace on the interpreter, the host's extension modules): the
   run under qemu-user leaves it out.
+* PYTHON_FRAME_RECORDS: the interpreter keeps frame records on the
+  Python call chain only.
 * ProfilerFiles: the snapshot/cleanup logic PerfTestCase uses, for tests
   that need it on its own.
 """
@@ -32,6 +34,7 @@ import re
 import shutil
 import subprocess
 import sys
+import sysconfig
 import tempfile
 import textwrap
 import time
@@ -46,6 +49,11 @@ PERF_ENV_VARS = ("PYTHONPERFSUPPORT", "PYTHON_PERF_JIT_SUPPORT",
 
 # One line of a perf map written by the interpreter: hex without "0x".
 MAP_LINE_RE = re.compile(r"^([0-9a-f]+) ([0-9a-f]+) (py::.+)$")
+
+# Built --with-frame-pointers=python: only the evaluator and the
+# trampolines keep frame records, and nothing else writes the frame
+# pointer register.
+PYTHON_FRAME_RECORDS = sysconfig.get_config_var("FRAME_POINTERS") == "python"
 
 
 # ----------------------------------------------------------------------
