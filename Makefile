@@ -21,16 +21,18 @@ NOFP_FLAGS := --without-frame-pointers --enable-shared \
 NOFP_PYTHON := $(CURDIR)/$(NOFP_TREE)/python
 
 # make release: the build to run in production, in a tree of its own:
-# PGO + LTO (as Debian builds its python3.11), frame pointers kept, and
-# trained with perf trampolines off and on (tools/pgo_task.py).  make
-# install and make debian build the same way (RELEASE_FLAGS= for a quick
-# unoptimized build; make test builds its Debian tree so).  make
-# release-nofp: the same without frame pointers, for make bench to show
-# what they cost.
+# PGO + LTO (as Debian builds its python3.11), trained with perf
+# trampolines off and on (tools/pgo_task.py), and frame records only on
+# the Python call chain (configure.ac says how; a record in every function
+# costs about 3%).  make install and make debian build the same way
+# (RELEASE_FLAGS= for a quick unoptimized build; make test builds its
+# Debian tree so).  make release-nofp: the same without frame pointers,
+# for make bench to show what they cost.
 RELEASE_TREE := build/cpython-release
 RELEASE_NOFP_TREE := build/cpython-release-nofp
 RELEASE_FLAGS ?= --enable-optimizations --with-lto \
 	PROFILE_TASK=$(CURDIR)/tools/pgo_task.py
+RELEASE_FRAME_POINTERS := --with-frame-pointers=python
 # Its executable is linked not position-independent, as Debian links its
 # python3.11.  The code stays position-independent: libpython3.11.a goes
 # into embedders' executables, which GCC makes PIE by default.  dpkg's
@@ -119,7 +121,7 @@ nofp: deps-jit tree
 release: tree
 	@TREE=$(RELEASE_TREE) tools/assemble.sh
 	@tools/build.sh $(RELEASE_TREE) $(BASE_FLAGS) $(RELEASE_FLAGS) \
-		$(RELEASE_EXE_FLAGS) $(CONFIGURE_FLAGS)
+		$(RELEASE_FRAME_POINTERS) $(RELEASE_EXE_FLAGS) $(CONFIGURE_FLAGS)
 
 # CPython links _bootstrap_python with the make variable only (the
 # executable gets both: the same spec twice, to no effect).
@@ -135,15 +137,16 @@ dist: deps
 
 install: dist
 	@tools/install.sh $(DIST_PATCH) "$(PREFIX)" "$(DESTDIR)" $(BASE_FLAGS) \
-		$(RELEASE_FLAGS) $(RELEASE_EXE_FLAGS) $(CONFIGURE_FLAGS)
+		$(RELEASE_FLAGS) $(RELEASE_FRAME_POINTERS) $(RELEASE_EXE_FLAGS) \
+		$(CONFIGURE_FLAGS)
 
 debian: deps-debian dist
 	@tools/debian.sh $(DIST_PATCH) "$(PREFIX)" $(RELEASE_FLAGS) \
-		$(CONFIGURE_FLAGS)
+		$(RELEASE_FRAME_POINTERS) $(CONFIGURE_FLAGS)
 
 install-debian: deps-debian dist
 	@tools/debian.sh --install "$(DESTDIR)" $(DIST_PATCH) "$(PREFIX)" \
-		$(RELEASE_FLAGS) $(CONFIGURE_FLAGS)
+		$(RELEASE_FLAGS) $(RELEASE_FRAME_POINTERS) $(CONFIGURE_FLAGS)
 
 # Our build is the cross build's build Python.
 aarch64: deps-aarch64 build
@@ -157,7 +160,9 @@ ifeq ($(shell uname -m),x86_64)
 TEST_AARCH64 := aarch64
 TEST_QEMU := --qemu $(AARCH64_TREE)
 endif
-# The tests' Debian tree is built without PGO and LTO (40 minutes less).
+# The tests' Debian tree is built without PGO and LTO (40 minutes less),
+# with the release's frame records (the development build has them in
+# every function): the tests run on both kinds.
 test test-debian: RELEASE_FLAGS :=
 test: build nofp debian $(TEST_AARCH64)
 	@PERF_NOFP_PYTHON=$(NOFP_PYTHON) tools/run-tests.sh --tree $(TREE) \
