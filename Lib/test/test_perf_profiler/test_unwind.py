@@ -22,6 +22,7 @@ import socket
 import subprocess
 import sys
 import unittest
+from typing import NamedTuple
 
 from test.support import import_helper
 from test.test_perf_profiler.util import (
@@ -214,12 +215,29 @@ class FramePointerWalkTests(PerfTestCase):
         self.assertIn("Py_BytesMain", frames, output)
 
 
-# x86_64 instructions that write rbp for a frame record: its setup and
-# teardown ("leave" names no register), and the ABI's end of the chain
-# (_start clears it).  AT&T syntax: destination last.
-FRAME_RECORD_WRITES = {"mov %rsp,%rbp", "pop %rbp", "xor %ebp,%ebp"}
-RBP_DESTINATION_RE = re.compile(r"%(?:rbp|ebp|bp|bpl)$")
-READS_ONLY = ("push", "cmp", "test", "bt")
+class FrameRegister(NamedTuple):
+    """How objdump shows one machine's frame pointer register at work."""
+    comment: str            # where objdump's annotations start
+    setup: str              # the instruction that makes a frame record
+    # Writes of the register that a frame record makes (its setup and
+    # teardown) or the ABI's end of the chain (_start clears it).
+    record_writes: re.Pattern
+    any_write: re.Pattern   # an instruction that writes the register
+
+
+FRAME_REGISTER = {
+    # AT&T syntax: the destination is the last operand.
+    "x86_64": FrameRegister(
+        "#", "mov %rsp,%rbp",
+        re.compile(r"mov %rsp,%rbp|pop %rbp|xor %ebp,%ebp"),
+        re.compile(r"(?!push|cmp|test|bt)\S+ (.*,)?%(rbp|ebp|bp|bpl)")),
+    # The destination is the first operand, except for stores and tests.
+    "aarch64": FrameRegister(
+        "//", "mov x29, sp",
+        re.compile(r"mov x29, sp|add x29, sp, #\w+|ldp x29, x30, \[sp.*"
+                   r"|ldr x29, \[sp\], #\w+|mov x29, #0x0"),
+        re.compile(r"(?!st|cmp|cmn|tst|ccm|cb|tb|prfm)\S+ [xw]29(,.*)?")),
+}
 
 
 def code_file(symbol):
@@ -243,11 +261,14 @@ class FrameRegisterTests(unittest.TestCase):
     """--with-frame-pointers=python: perf's walk steps over a C function
     between two frame records only if it leaves the register alone."""
 
-    def functions(self, path):
+    def functions(self, path, register):
         """{function: [instruction]} of the disassembly of `path`."""
-        objdump = shutil.which("objdump")
+        from test.test_perf_profiler.test_jit import (
+            HOST_MACHINE, TOOL_PREFIX, gnu_tool)
+        objdump = gnu_tool(HOST_MACHINE, "objdump")
         if objdump is None:
-            skip_environment("objdump (binutils) is not installed")
+            skip_environment(f"{TOOL_PREFIX[HOST_MACHINE]}objdump (binutils) "
+                             "is not installed")
         proc = subprocess.run([objdump, "-d", "--no-show-raw-insn", path],
                               capture_output=True, text=True)
         self.assertEqual(proc.returncode, 0, proc.stderr)
@@ -259,25 +280,24 @@ class FrameRegisterTests(unittest.TestCase):
             if label:
                 code = functions.setdefault(label.group(1), [])
             elif insn and code is not None:
-                code.append(" ".join(insn.group(1).split("#")[0].split()))
+                text = insn.group(1).split(register.comment)[0]
+                code.append(" ".join(text.split()))
         return functions
 
     def test_only_frame_records_write_the_frame_pointer(self):
-        if platform.machine() != "x86_64":
-            self.skipTest("the check reads x86_64 instructions")
-        functions = self.functions(code_file("_PyEval_EvalFrameDefault"))
-        self.assertIn("mov %rsp,%rbp",
-                      functions["_PyEval_EvalFrameDefault"])
+        register = FRAME_REGISTER.get(platform.machine())
+        if register is None:
+            self.skipTest(f"no frame register known for {platform.machine()}")
+        functions = self.functions(code_file("_PyEval_EvalFrameDefault"),
+                                   register)
+        self.assertIn(register.setup, functions["_PyEval_EvalFrameDefault"])
         writers = {}
         for name, code in functions.items():
             for insn in code:
-                mnemonic, _, operands = insn.partition(" ")
-                if (insn not in FRAME_RECORD_WRITES
-                        and not mnemonic.startswith(READS_ONLY)
-                        and RBP_DESTINATION_RE.search(operands)):
+                if (register.any_write.fullmatch(insn)
+                        and not register.record_writes.fullmatch(insn)):
                     writers.setdefault(name, insn)
         self.assertEqual(writers, {})
-
 
 if __name__ == "__main__":
     unittest.main()
