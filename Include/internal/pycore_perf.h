@@ -242,8 +242,9 @@ _PyPerf_Lookup(PyCodeObject *co, Py_ssize_t index)
    static libpython: a shared one reaches _PyPerf_stack through
    __tls_get_addr).  Taking the frame address also gives the evaluator a
    frame record when nothing else would: --with-frame-pointers=python
-   relies on it. */
-static inline _PyPerf_Trampoline
+   relies on it, so this is inlined even where nothing else is (not
+   Py_ALWAYS_INLINE: a debug build defines that away). */
+static inline __attribute__((always_inline)) _PyPerf_Trampoline
 _PyPerf_ForCall(PyThreadState *tstate, PyCodeObject *co)
 {
     uintptr_t sp = (uintptr_t)__builtin_frame_address(0);
