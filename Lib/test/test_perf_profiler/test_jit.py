@@ -294,20 +294,37 @@ def decode_frames(testcase, elf_path):
     return DecodedFrames(fde_offset, begin, end, rows, toggles)
 
 
-def disassemble(testcase, machine, elf_path):
-    """[(address, size, "mnemonic operands")] of elf_path's .text."""
+# Where objdump's annotations start ("#" prefixes immediates on aarch64).
+OBJDUMP_COMMENT = {EM_X86_64: "#", EM_AARCH64: "//"}
+
+
+def disassemble_functions(testcase, machine, elf_path):
+    """[(symbol, [(address, "mnemonic operands")])] of elf_path's code in
+    file order, split at objdump's symbol labels (None: code before any)."""
     objdump = gnu_tool(machine, "objdump")
     if objdump is None:
         skip_environment(f"no objdump for ELF machine {machine} "
                           f"({TOOL_PREFIX[machine]}objdump)")
     proc = run([objdump, "-d", "--no-show-raw-insn", elf_path])
     testcase.assertEqual(proc.returncode, 0, proc.stderr)
-    insns = []
+    functions = [(None, [])]
     for line in proc.stdout.splitlines():
+        label = re.match(r"^[0-9a-f]+ <(.+)>:$", line)
         match = re.match(r"^\s*([0-9a-f]+):\s+(\S.*)$", line)
-        if match:
-            text = " ".join(match.group(2).split("//")[0].split())
-            insns.append([int(match.group(1), 16), text])
+        if label:
+            functions.append((label.group(1), []))
+        elif match:
+            text = match.group(2).split(OBJDUMP_COMMENT[machine])[0]
+            functions[-1][1].append((int(match.group(1), 16),
+                                     " ".join(text.split())))
+    return functions
+
+
+def disassemble(testcase, machine, elf_path):
+    """[(address, size, "mnemonic operands")] of elf_path's .text."""
+    insns = [insn for _, code in disassemble_functions(testcase, machine,
+                                                       elf_path)
+             for insn in code]
     sizes = [b[0] - a[0] for a, b in zip(insns, insns[1:])]
     return [(address, size, text)
             for (address, text), size in zip(insns, sizes + [None])]

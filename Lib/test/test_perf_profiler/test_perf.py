@@ -2210,10 +2210,11 @@ class PerfRecordTests(PerfTestCase):
             ok = True
             for k, (a, b) in enumerate(zip(positions, positions[1:])):
                 gap = sample.frames[a + 1:b]
-                if between and k in between and PYTHON_FRAME_RECORDS:
-                    ok = ok and len(gap) == 1 and gap[0] != EVAL
-                elif between and k in between:
-                    ok = ok and between[k] in gap and gap[-1] == EVAL
+                if between and k in between:
+                    if PYTHON_FRAME_RECORDS:
+                        ok = ok and len(gap) == 1 and gap[0] != EVAL
+                    else:
+                        ok = ok and between[k] in gap and gap[-1] == EVAL
                 else:
                     ok = ok and gap == [EVAL]
             good += ok

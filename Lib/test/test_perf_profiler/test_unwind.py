@@ -217,7 +217,6 @@ class FramePointerWalkTests(PerfTestCase):
 
 class FrameRegister(NamedTuple):
     """How objdump shows one machine's frame pointer register at work."""
-    comment: str            # where objdump's annotations start
     setup: str              # the instruction that makes a frame record
     # Writes of the register that a frame record makes (its setup and
     # teardown) or the ABI's end of the chain (_start clears it).
@@ -228,12 +227,12 @@ class FrameRegister(NamedTuple):
 FRAME_REGISTER = {
     # AT&T syntax: the destination is the last operand.
     "x86_64": FrameRegister(
-        "#", "mov %rsp,%rbp",
+        "mov %rsp,%rbp",
         re.compile(r"mov %rsp,%rbp|pop %rbp|xor %ebp,%ebp"),
         re.compile(r"(?!push|cmp|test|bt)\S+ (.*,)?%(rbp|ebp|bp|bpl)")),
     # The destination is the first operand, except for stores and tests.
     "aarch64": FrameRegister(
-        "//", "mov x29, sp",
+        "mov x29, sp",
         re.compile(r"mov x29, sp|add x29, sp, #\w+|ldp x29, x30, \[sp.*"
                    r"|ldr x29, \[sp\], #\w+|mov x29, #0x0"),
         re.compile(r"(?!st|cmp|cmn|tst|ccm|cb|tb|prfm)\S+ [xw]29(,.*)?")),
@@ -261,43 +260,26 @@ class FrameRegisterTests(unittest.TestCase):
     """--with-frame-pointers=python: perf's walk steps over a C function
     between two frame records only if it leaves the register alone."""
 
-    def functions(self, path, register):
-        """{function: [instruction]} of the disassembly of `path`."""
-        from test.test_perf_profiler.test_jit import (
-            HOST_MACHINE, TOOL_PREFIX, gnu_tool)
-        objdump = gnu_tool(HOST_MACHINE, "objdump")
-        if objdump is None:
-            skip_environment(f"{TOOL_PREFIX[HOST_MACHINE]}objdump (binutils) "
-                             "is not installed")
-        proc = subprocess.run([objdump, "-d", "--no-show-raw-insn", path],
-                              capture_output=True, text=True)
-        self.assertEqual(proc.returncode, 0, proc.stderr)
-        functions = {}
-        code = None
-        for line in proc.stdout.splitlines():
-            label = re.match(r"^[0-9a-f]+ <(.+)>:$", line)
-            insn = re.match(r"^\s*[0-9a-f]+:\s+(\S.*)$", line)
-            if label:
-                code = functions.setdefault(label.group(1), [])
-            elif insn and code is not None:
-                text = insn.group(1).split(register.comment)[0]
-                code.append(" ".join(text.split()))
-        return functions
-
     def test_only_frame_records_write_the_frame_pointer(self):
+        from test.test_perf_profiler.test_jit import (
+            HOST_MACHINE, disassemble_functions)
         register = FRAME_REGISTER.get(platform.machine())
         if register is None:
             self.skipTest(f"no frame register known for {platform.machine()}")
-        functions = self.functions(code_file("_PyEval_EvalFrameDefault"),
-                                   register)
-        self.assertIn(register.setup, functions["_PyEval_EvalFrameDefault"])
+        functions = disassemble_functions(
+            self, HOST_MACHINE, code_file("_PyEval_EvalFrameDefault"))
+        evaluator = [text for name, code in functions
+                     if name == "_PyEval_EvalFrameDefault"
+                     for _, text in code]
+        self.assertIn(register.setup, evaluator)
         writers = {}
-        for name, code in functions.items():
-            for insn in code:
+        for name, code in functions:
+            for _, insn in code:
                 if (register.any_write.fullmatch(insn)
                         and not register.record_writes.fullmatch(insn)):
                     writers.setdefault(name, insn)
         self.assertEqual(writers, {})
+
 
 if __name__ == "__main__":
     unittest.main()
