@@ -230,7 +230,8 @@ static inline _PyPerf_Trampoline
 _PyPerf_Lookup(PyCodeObject *co, Py_ssize_t index)
 {
     _PyCodeObjectExtra *extra = (_PyCodeObjectExtra *)co->co_extra;
-    if (extra == NULL || index < 0 || index >= extra->ce_size) {
+    /* One unsigned comparison also rejects index -1 (no backend). */
+    if (extra == NULL || (size_t)index >= (size_t)extra->ce_size) {
         return NULL;
     }
     return (_PyPerf_Trampoline)extra->ce_extras[index];
