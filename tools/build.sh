@@ -35,6 +35,12 @@ fi
 if make -C "$dir" -q -s python >/dev/null 2>&1 && [ -x "$dir/python" ]; then
     exit 0
 fi
+# A PGO build's profile describes the sources it was trained on: GCC
+# rejects it for a changed file, so the training runs again.
+if [ -f "$dir/profile-run-stamp" ]; then
+    echo "build: sources changed since the PGO training: make clean in $dir" >&2
+    make -C "$dir" -s clean >/dev/null 2>&1 || true
+fi
 echo "build: compiling $dir with $nproc jobs (about 2 minutes from scratch)" >&2
 make -C "$dir" -s -j"$nproc" >"$dir/build.log" 2>&1 || {
     # grep -m, not | head: under pipefail an early-exiting reader fails

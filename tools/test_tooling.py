@@ -51,6 +51,57 @@ class FetchTests(unittest.TestCase):
         self.assertTrue(os.path.isfile(proc.stdout.strip()))
 
 
+class BuildTests(unittest.TestCase):
+    """tools/build.sh on a configured stand-in tree: its Makefile logs
+    what make runs."""
+
+    MAKEFILE = textwrap.dedent("""\
+        all: python
+        python: source.c
+        \tprintf '#!/bin/sh\\necho 3.11.2\\n' >python; chmod +x python
+        \techo build >>log
+        clean:
+        \trm -f profile-run-stamp; echo clean >>log
+        """)
+
+    def setUp(self):
+        self.tree = tempfile.mkdtemp(prefix="perf-build-")
+        self.addCleanup(shutil.rmtree, self.tree)
+        for name, text in (("Makefile", self.MAKEFILE), ("source.c", ""),
+                           (".configure-args", "")):
+            with open(os.path.join(self.tree, name), "w") as f:
+                f.write(text)
+
+    def build(self):
+        must_succeed(run("build.sh", self.tree))
+        log = os.path.join(self.tree, "log")
+        if not os.path.exists(log):
+            return []
+        with open(log) as f:
+            lines = f.read().split()
+        os.unlink(log)
+        return lines
+
+    def touch_source(self):
+        # One second later than the executable: make sees it changed.
+        path = os.path.join(self.tree, "source.c")
+        built = os.stat(os.path.join(self.tree, "python")).st_mtime
+        os.utime(path, (built + 1, built + 1))
+
+    def test_changed_source_is_rebuilt(self):
+        self.assertEqual(self.build(), ["build"])
+        self.assertEqual(self.build(), [])
+        self.touch_source()
+        self.assertEqual(self.build(), ["build"])
+
+    def test_changed_source_of_a_pgo_build_trains_again(self):
+        self.assertEqual(self.build(), ["build"])
+        open(os.path.join(self.tree, "profile-run-stamp"), "w").close()
+        self.assertEqual(self.build(), [])
+        self.touch_source()
+        self.assertEqual(self.build(), ["clean", "build"])
+
+
 def must_succeed(proc):
     """Fail, with its stderr, if a tool's run failed."""
     if proc.returncode != 0:
