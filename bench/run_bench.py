@@ -77,9 +77,9 @@ RUN_TIMEOUT = 300          # seconds for one workload run
 DEBIAN_PYTHON = "/usr/bin/python3.11"
 START_TIMEOUT = 180        # seconds to wait for an interpreter being rebuilt
 
-# Workloads dominated by Python-to-Python calls: the perf hook's worst case.
-CALL_HEAVY = {"fib", "methods", "closures", "kwargs", "generators",
-              "comprehensions", "exceptions", "dunder"}
+# Workloads dominated by calls of Python functions: where -X perf costs.
+CALL_HEAVY = {"fib", "methods", "closures", "callbacks", "kwargs",
+              "generators", "comprehensions", "exceptions", "dunder"}
 # Workloads that time whole child processes.
 PER_PROCESS = {"startup", "imports"}
 
