@@ -244,11 +244,19 @@ _PyPerf_Lookup(PyCodeObject *co, Py_ssize_t index)
    __tls_get_addr).  Taking the frame address also gives the evaluator a
    frame record when nothing else would: --with-frame-pointers=python
    relies on it, so this is inlined even where nothing else is (not
-   Py_ALWAYS_INLINE: a debug build defines that away). */
+   Py_ALWAYS_INLINE: a debug build defines that away).  A build without
+   frame pointers reads a local's address instead: a frame record would
+   take a register from the evaluator's loop (1-2% more instructions)
+   for a chain that nothing walks there. */
 static inline __attribute__((always_inline)) _PyPerf_Trampoline
 _PyPerf_ForCall(PyThreadState *tstate, PyCodeObject *co)
 {
+#ifdef PY_WITHOUT_FRAME_POINTERS
+    char here;
+    uintptr_t sp = (uintptr_t)&here;
+#else
     uintptr_t sp = (uintptr_t)__builtin_frame_address(0);
+#endif
     if (sp >= _PyPerf_stack.limit && sp < _PyPerf_stack.high
         && tstate->interp->id == 0)
     {

@@ -998,6 +998,22 @@ class PerfJitWorkflowTests(JitTestCase):
                     "print(sysconfig.get_config_var('CFLAGS'))"])
         self.assertEqual(proc.returncode, 0, proc.stderr)
         self.assertNotIn("-fno-omit-frame-pointer", proc.stdout)
+        # Nor does the evaluator, whose CALL fast path reads the stack
+        # pointer (pycore_perf.h): it keeps the register for its loop.
+        from test.test_perf_profiler.test_unwind import FRAME_REGISTER
+        register = FRAME_REGISTER.get(platform.machine())
+        if register is None:
+            self.skipTest(f"no frame register known for {platform.machine()}")
+        proc = run([NOFP_PYTHON, "-c",
+                    "from test.test_perf_profiler.test_unwind import "
+                    "code_file; print(code_file('_PyEval_EvalFrameDefault'))"])
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        evaluator = [text for name, code in disassemble_functions(
+                         self, HOST_MACHINE, proc.stdout.strip())
+                     if name == "_PyEval_EvalFrameDefault"
+                     for _, text in code]
+        self.assertNotEqual(evaluator, [])
+        self.assertNotIn(register.setup, evaluator)
 
     def record_chains(self, source, stack_dump=8192):
         """Run `source` under perf record --call-graph dwarf with -X perf_jit,
