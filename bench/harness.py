@@ -13,7 +13,7 @@ Workloads are started as scripts (`python [-X perf] bm_NAME.py`), so their
 directory, and with it this module, is sys.path[0].  They run under every
 interpreter compared (any Python 3.10 or newer): standard library only,
 and nothing here may run inside the timed part but the timing itself.  The
-driver imports it too, for remove_perf_map().
+driver imports it too, for remove_profiler_files().
 """
 
 import json
@@ -21,7 +21,8 @@ import os
 import sys
 import time
 
-PERF_MAP = "/tmp/perf-{}.map"
+# What a process run with -X perf or -X perf_jit leaves in /tmp.
+PROFILER_FILES = ("/tmp/perf-{}.map", "/tmp/jit-{}.dump")
 
 
 def report(seconds, cpu, chunks, units=None, unit=None):
@@ -61,13 +62,14 @@ def run_in_chunks(work, loops, check):
     measure(run, check)
 
 
-def remove_perf_map(pid):
-    """Remove the perf map that process `pid` left if it ran with -X perf
-    (perf reads maps at report time, so nothing else removes them)."""
-    try:
-        os.unlink(PERF_MAP.format(pid))
-    except FileNotFoundError:
-        pass
+def remove_profiler_files(pid):
+    """Remove the perf map and the jitdump that process `pid` left, if any
+    (perf reads them after the process, so nothing else removes them)."""
+    for path in PROFILER_FILES:
+        try:
+            os.unlink(path.format(pid))
+        except FileNotFoundError:
+            pass
 
 
 def interpreter_command():
@@ -82,7 +84,7 @@ def spawn_and_wait(argv):
     """Run argv to completion; return its CPU time (user + system)."""
     pid = os.posix_spawn(argv[0], argv, os.environ)
     _, status, usage = os.wait4(pid, 0)
-    remove_perf_map(pid)
+    remove_profiler_files(pid)
     if os.waitstatus_to_exitcode(status) != 0:
         raise SystemExit(f"{argv} failed")
     return usage.ru_utime + usage.ru_stime

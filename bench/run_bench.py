@@ -103,7 +103,7 @@ def child_env():
 
 def run_python(argv, timeout):
     """Run argv; return (returncode, stdout, stderr).  Removes the perf map
-    of the child whatever happened."""
+    and jitdump of the child whatever happened."""
     proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             env=child_env(), cwd=BENCH_DIR,
@@ -115,7 +115,7 @@ def run_python(argv, timeout):
         out, err = proc.communicate()
         err += "\n(killed after %d s)" % timeout
     finally:
-        harness.remove_perf_map(proc.pid)
+        harness.remove_profiler_files(proc.pid)
     return proc.returncode, out, err
 
 

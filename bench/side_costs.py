@@ -24,6 +24,8 @@ import subprocess
 import sys
 import textwrap
 
+import harness
+
 FUNCTIONS = 50000
 CHILD_MAP_LINES = 20000
 CHILDREN = 64
@@ -116,9 +118,15 @@ def run(python, args, source, **constants):
     prelude = "".join(f"{k} = {v!r}\n" for k, v in constants.items())
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("PYTHONPERF", "PYTHON_PERF"))}
-    proc = subprocess.run([*python, *args, "-c", prelude + source],
-                          env=env, capture_output=True, text=True, check=True)
-    return json.loads(proc.stdout)
+    proc = subprocess.Popen([*python, *args, "-c", prelude + source],
+                            env=env, stdout=subprocess.PIPE, text=True)
+    try:
+        out, _ = proc.communicate()
+    finally:
+        harness.remove_profiler_files(proc.pid)
+    if proc.returncode != 0:
+        raise subprocess.CalledProcessError(proc.returncode, proc.args, out)
+    return json.loads(out)
 
 
 def measure(python):
