@@ -67,7 +67,8 @@ FORK = DEFINE + textwrap.dedent("""\
         f(1)
     def tmp_bytes(pid):
         total = 0
-        for path in (f"/tmp/perf-{pid}.map", f"/tmp/jit-{pid}.dump"):
+        for name in PROFILER_FILES:
+            path = name.format(pid)
             try:
                 total += os.path.getsize(path)
                 os.unlink(path)
@@ -96,7 +97,6 @@ FORK = DEFINE + textwrap.dedent("""\
         proc.wait()
         spawns.append(time.perf_counter() - start)
         spawn_tmp += tmp_bytes(proc.pid)
-    tmp_bytes(os.getpid())
     print(json.dumps({"fork_ms": sorted(latencies)[len(latencies) // 2]
                                  * 1e3,
                       "tmp": tmp / CHILDREN,
@@ -135,7 +135,9 @@ def measure(python):
         memory = min(run(python, args, MEMORY, N=FUNCTIONS)["bytes"]
                      for _ in range(RUNS))
         forks = [run(python, args, FORK, N=CHILD_MAP_LINES,
-                     CHILDREN=CHILDREN) for _ in range(RUNS)]
+                     CHILDREN=CHILDREN,
+                     PROFILER_FILES=harness.PROFILER_FILES)
+                 for _ in range(RUNS)]
         rows[name] = {
             "memory": memory,
             "fork_ms": min(f["fork_ms"] for f in forks),
