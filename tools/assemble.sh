@@ -27,13 +27,16 @@ new_tree() {
 }
 
 # True if the tree holds nothing beyond what it was last assembled from or
-# exported to (the stamp).
+# exported to (the stamp), or beyond what the repository holds now (the
+# tree's edits were committed by hand, not through export).
 tree_is_exported() {
+    local have
     if [ "$(git_t rev-parse HEAD)" = "$(git_t rev-parse -q --verify 'overlay^{commit}' || true)" ] &&
        [ -z "$(git_t status --porcelain)" ]; then
         return 0
     fi
-    [ "$("$ROOT/tools/export.sh" --hash 2>/dev/null)" = "$(cat "$stamp" 2>/dev/null)" ]
+    have=$("$ROOT/tools/export.sh" --hash 2>/dev/null) || return 1
+    [ "$have" = "$(cat "$stamp" 2>/dev/null)" ] || [ "$have" = "$want" ]
 }
 
 make_overlay_commit() {

@@ -172,6 +172,18 @@ class TreeTests(ScratchTestCase):
         finally:
             self.git("checkout", "--", "Python/ceval.c")
 
+    def test_tree_matching_the_repository_is_reassembled(self):
+        # The tree moved on from its overlay commit, and its stamp is
+        # stale, but what it holds is what the repository holds.
+        stamp = os.path.join(self.tree, ".git", "overlay-inputs")
+        self.git("commit", "-q", "--allow-empty", "-m", "no change")
+        with open(stamp, "w") as f:
+            f.write("0" * 64 + "\n")
+        proc = run("assemble.sh", "--force", env=self.env)
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        self.assertEqual(self.git("log", "-1", "--format=%s"),
+                         "Overlay and patches\n")
+
     def test_reassemble_keeps_unchanged_files(self):
         path = os.path.join(self.tree, "Objects", "listobject.c")
         mtime = os.stat(path).st_mtime_ns
