@@ -17,6 +17,8 @@ feature has failed before and checks the exact outcome:
                                      and test_full_tmp* (half-written lines)
 * signals and KeyboardInterrupt      SignalTests
   inside trampolines
+* an exception caught by another     ExceptionHandlerTests
+  handler than on stock 3.11
 * unbounded memory                   ScaleTests
 * executable memory refused          NoExecTests
 * unusable map path (directory,      MapFaultTests
@@ -932,6 +934,80 @@ class SignalTests(StressTestCase):
         self.assertEqual(perf.stderr, plain.stderr)
         self.assertIn("KeyboardInterrupt", perf.stderr)
         self.assertIn("in c\n", perf.stderr)
+
+
+class ExceptionHandlerTests(StressTestCase):
+    # The evaluator finds the handler of an exception from the running
+    # instruction (Python/ceval.c, error:), except where stock 3.11 finds
+    # it from next_instr, which can be in another handler's range.
+
+    def test_eval_breaker_at_backward_jump(self):
+        # Stock 3.11 looks the handler up at the code unit before the
+        # jump's target: here the try's NOP, outside the try, so an
+        # exception raised by a signal handler at the jump escapes,
+        # though the jump itself is inside the try.
+        result = self.run_both("""
+            import dis, signal
+
+            class Alarm(Exception):
+                pass
+
+            def spin():
+                i = 0
+                try:
+                    while True: i += 1
+                except Alarm:
+                    return "caught"
+
+            JUMP = [i.offset for i in dis.get_instructions(spin)
+                    if i.opname == "JUMP_BACKWARD"]
+
+            def alarm(signum, frame):
+                # Raise only where the loop checks for signals.
+                if frame.f_code is spin.__code__ and [frame.f_lasti] == JUMP:
+                    raise Alarm
+                signal.setitimer(signal.ITIMER_REAL, 0.001)
+
+            signal.signal(signal.SIGALRM, alarm)
+            signal.setitimer(signal.ITIMER_REAL, 0.001)
+            try:
+                print(spin())
+            except Alarm as exc:
+                tb = exc.__traceback__.tb_next
+                print("escaped", [tb.tb_lasti] == JUMP)
+            """)
+        self.assertEqual(result.stdout, "escaped True\n")
+
+    def test_second_half_of_superinstruction(self):
+        # STORE_FAST e; LOAD_FAST z become one STORE_FAST__LOAD_FAST
+        # across the start of the range whose handler unbinds e: the
+        # UnboundLocalError of its second half goes to that handler.
+        result = self.run_both("""
+            import dis
+
+            def handled(n):
+                e = None
+                try:
+                    if n:
+                        z = 1
+                    raise KeyError
+                except KeyError as e:
+                    y = z
+                return y
+
+            for _ in range(20):
+                handled(1)
+            print([i.opname
+                   for i in dis.get_instructions(handled, adaptive=True)
+                   if i.opname.startswith("STORE_FAST__")])
+            try:
+                handled(0)
+            except UnboundLocalError as exc:
+                tb = exc.__traceback__.tb_next
+                print(sorted(tb.tb_frame.f_locals), tb.tb_lineno)
+            """)
+        self.assertEqual(result.stdout,
+                         "['STORE_FAST__LOAD_FAST']\n['n'] 10\n")
 
 
 # ----------------------------------------------------------------------
