@@ -656,11 +656,12 @@ class MapFileTests(PerfTestCase):
             with open(target, "w") as f:
                 f.write("precious\\n")
             os.symlink(target, f"/tmp/perf-{os.getpid()}.map")
-            code = ("import sys\\n"
+            code = ("import pathlib, sys\\n"
                     "def f(): return 1\\n"
                     "f()\\n"
                     "print('ran', sys.is_stack_trampoline_active())\\n"
-                    "print(open(" + repr(target) + ").read(), end='')\\n")
+                    "print(pathlib.Path(" + repr(target) + ").read_text(),"
+                    " end='')\\n")
             os.execv(sys.executable,
                      [sys.executable, "-X", "perf", "-c", code])
             """)
@@ -1719,7 +1720,11 @@ class GdbTests(PerfTestCase):
                 self.assertEqual(names[1:7], [EVAL, GDB_TRAMPOLINE] * 3,
                                  output)
                 self.assertIn("Py_BytesMain", names, output)
-                self.assertEqual(reason, "outermost", output)
+                # gdb ends a backtrace at main when it knows main (as in
+                # a --with-pydebug build), else where the stack ends;
+                # never at an unwinding error.
+                if names[-1] != "main":
+                    self.assertEqual(reason, "outermost", output)
 
     OTHER_JIT = """\
 /* Another JIT in the process: its own gdb JIT interface pair, and one
