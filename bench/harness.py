@@ -4,10 +4,13 @@ A workload script does a fixed amount of work as many equal chunks and
 prints one JSON line, the only thing bench/run_bench.py reads from it:
 
     {"seconds": wall time, "cpu": CPU time, "chunks": [CPU time of each
-     chunk, ...], "units": N, "unit": "what one is"}
+     chunk, ...], "units": N, "unit": "what one is",
+     "unit_chunks": [CPU time of each chunk spent on its units, ...]}
 
 "units" and "unit" are there only when the work is made of N alike units
-(code objects, processes) whose cost per unit the driver reports.
+(code objects, processes) whose cost per unit the driver reports;
+"unit_chunks" only when the chunks also do other work (compiling the code
+objects) that the cost per unit should leave out.
 
 Workloads are started as scripts (`python [-X perf] bm_NAME.py`), so their
 directory, and with it this module, is sys.path[0].  They run under every
@@ -25,27 +28,30 @@ import time
 PROFILER_FILES = ("/tmp/perf-{}.map", "/tmp/jit-{}.dump")
 
 
-def report(seconds, cpu, chunks, units=None, unit=None):
+def report(seconds, cpu, chunks, units=None, unit=None, unit_chunks=None):
     """Print the JSON line of a finished run."""
     result = {"seconds": seconds, "cpu": cpu, "chunks": chunks}
     if units is not None:
         result.update(units=units, unit=unit)
+    if unit_chunks is not None:
+        result["unit_chunks"] = unit_chunks
     print(json.dumps(result))
 
 
 def measure(run, check, units=None, unit=None):
     """Time run() in this process and report it.
 
-    run() does the whole fixed work and returns (result, chunks);
+    run() does the whole fixed work and returns (result, chunks), or
+    (result, chunks, unit_chunks) when its chunks do more than its units;
     check(result) raises when the result is wrong.  It runs after the
     clock stops, so a workload's own check is never part of its time."""
     t0 = time.perf_counter()
     c0 = time.process_time()
-    result, chunks = run()
+    result, chunks, *unit_chunks = run()
     seconds = time.perf_counter() - t0
     cpu = time.process_time() - c0
     check(result)
-    report(seconds, cpu, chunks, units, unit)
+    report(seconds, cpu, chunks, units, unit, *unit_chunks)
 
 
 def run_in_chunks(work, loops, check):

@@ -328,6 +328,19 @@ def metric_value(result, metric):
     return result.get("cpu", result["seconds"])
 
 
+def unit_value(result, metric):
+    """The time of a run spent on its units: what the cost per unit is
+    computed from.  When the chunks do more than the units (compile the
+    code objects they run), their "unit_chunks" leave that out; wall time
+    is not recorded for it, so "wall" takes their CPU time."""
+    chunks = result.get("unit_chunks")
+    if not chunks:
+        return metric_value(result, metric)
+    if metric == "best":
+        return min(chunks) * len(chunks)
+    return sum(chunks)
+
+
 def geomean(values):
     values = [v for v in values if v]
     if not values:
@@ -344,7 +357,7 @@ def ratio_order(name):
             not name.startswith(("ours", "release")), name)
 
 
-def summarize(configs, workloads, samples, units):
+def summarize(configs, workloads, samples, units, unit_samples):
     results = {}
     for w in workloads:
         entry = {"category": ("call-heavy" if w in CALL_HEAVY else
@@ -389,14 +402,14 @@ def summarize(configs, workloads, samples, units):
                 add("%s on/off" % c.group, c.key, "%s-off" % c.group)
         if units.get(w):
             n, unit = units[w]
-            entry["per_unit_us"] = {k: v["min"] / n * 1e6
-                                    for k, v in cfg.items()}
+            per_unit = {k: min(v.values()) / n * 1e6
+                        for k, v in unit_samples[w].items() if v}
+            entry["per_unit_us"] = per_unit
             deltas = {}
             for c in configs:
                 off = "%s-off" % c.group
-                if c.perf and c.key in cfg and off in cfg:
-                    deltas[c.group] = (cfg[c.key]["min"]
-                                       - cfg[off]["min"]) / n * 1e6
+                if c.perf and c.key in per_unit and off in per_unit:
+                    deltas[c.group] = per_unit[c.key] - per_unit[off]
             entry["perf_cost_per_unit_us"] = deltas
         results[w] = entry
 
@@ -647,6 +660,9 @@ def main():
     # samples[metric][workload][config][repetition] = value
     samples = {m: {w: {c.key: {} for c in configs} for w in workloads}
                for m in METRICS}
+    # The same for the time spent on the units of a workload made of them.
+    unit_samples = {m: {w: {c.key: {} for c in configs} for w in workloads}
+                    for m in METRICS}
     units = {}
     errors = []
     warnings = []
@@ -675,6 +691,8 @@ def main():
                     samples[m][w][c.key][rep] = metric_value(result, m)
                 if "units" in result:
                     units[w] = (result["units"], result.get("unit", "unit"))
+                    for m in METRICS:
+                        unit_samples[m][w][c.key][rep] = unit_value(result, m)
                 cells[c.key] = fmt_time(metric_value(result, args.metric))
             step += 1
             spent = time.monotonic() - started
@@ -685,7 +703,8 @@ def main():
                    "  ".join("%s %s" % (c.key, cells[c.key])
                              for c in configs)))
 
-    summaries = {m: summarize(configs, workloads, samples[m], units)
+    summaries = {m: summarize(configs, workloads, samples[m], units,
+                              unit_samples[m])
                  for m in METRICS}
     results, geo = summaries[args.metric]
     print_tables(configs, workloads, results, geo, args.runs, args.metric)
