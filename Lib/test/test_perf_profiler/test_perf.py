@@ -1365,6 +1365,66 @@ class SemanticsTests(PerfTestCase):
                 print(caller(), catcher())
             """, mapped=["caller", "callee", "catcher"])
 
+    def test_caller_stack_during_a_call(self):
+        # While the callee runs, the caller's frame has its value stack
+        # saved, as for an inlined call: the garbage collector sees the
+        # locals and stack of a generator that is calling (gen_traverse).
+        out = self.assertSameOutput("""\
+            import gc
+
+            class Held:
+                pass
+
+            def callee():
+                return [type(o).__name__ for o in gc.get_referents(g)
+                        if isinstance(o, Held)]
+
+            def gen():
+                local = Held()
+                yield (Held(), callee())
+
+            g = gen()
+            print(next(g)[1])
+            """, mapped=["callee", "gen"])
+        self.assertEqual(out, "['Held', 'Held']\n")
+
+    def test_f_lineno_jump_of_a_calling_frame(self):
+        # A trace function moves the caller, whose call is running, to
+        # another line with the same stack.  Stock 3.11 resumes it after
+        # the target's first instruction, and then underflows its stack
+        # (a crash, hence the separate processes): whatever it does,
+        # -X perf must do the same, not drop the jump.
+        source = """\
+            import sys
+
+            def callee():
+                return 1
+
+            def caller():
+                a = 5
+                x = (callee()
+                     + 100)
+                y = (a
+                     + 200)
+                return sorted(locals().items())
+
+            def tracer(frame, event, arg):
+                if event == "line" and frame.f_code is callee.__code__:
+                    frame.f_back.f_lineno = caller.__code__.co_firstlineno + 5
+                    print("jumped", flush=True)
+                return tracer
+
+            sys.settrace(tracer)
+            print(caller(), flush=True)
+            """
+        off, on = [self.run_script(source, python_args=["-X", option],
+                                   check=False)
+                   for option in ("perf=0", "perf")]
+        self.assertTrue(off.stdout.startswith("jumped\n"), off.stdout)
+        self.assertEqual((on.returncode, on.stdout),
+                         (off.returncode, off.stdout))
+        self.assertIn("callee", on.script_names())
+
     def test_specialized_calls(self):
         out = self.assertSameOutput("""\
             class Seq:
