@@ -10,8 +10,16 @@
  *
  * - It is opened without following a symlink, without blocking on a FIFO,
  *   and kept only if it is a plain file of ours with no other link; it is
- *   made private (0600).  A file left by a dead process that had our pid
- *   is emptied.
+ *   made private (0600).
+ * - A file under our name that this process wrote before an exec (the
+ *   process start time survives exec) is kept, and appended to: the names
+ *   the image before the exec wrote are still needed.  A file older than
+ *   the process was left by a dead one that had our pid: it is replaced,
+ *   by unlinking it and creating a new one, never by truncating it,
+ *   because a process in another pid namespace sharing /tmp may still
+ *   have it mapped (a write to a mapping past the end of its file is a
+ *   SIGBUS).  Such a live process is told apart by the lock (flock) that
+ *   writers hold on their file until exit or exec.
  * - Its descriptor is close-on-exec and never 0, 1 or 2: a program that
  *   closed the standard descriptors expects its next open() to return
  *   them, and whatever it then writes to stdout must not land in a map.
@@ -36,18 +44,23 @@
 #include <errno.h>
 #include <fcntl.h>                // open()
 #include <stdarg.h>
+#include <sys/file.h>             // flock()
 #include <sys/stat.h>             // fstat()
-#include <unistd.h>               // write(), pread()
+#include <time.h>                 // clock_gettime()
+#include <unistd.h>               // write(), pread(), pwrite()
 
 /* Open flags of every profiler file: see the top of this file. */
 #define FILE_FLAGS (O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK)
 
+/* Write all of `buf`: at `offset`, or at the descriptor's position if it
+   is -1. */
 static int
-write_all(int fd, const void *buf, size_t size)
+write_all_at(int fd, const void *buf, size_t size, off_t offset)
 {
     const char *p = buf;
     while (size > 0) {
-        ssize_t n = write(fd, p, size);
+        ssize_t n = (offset < 0 ? write(fd, p, size)
+                                : pwrite(fd, p, size, offset));
         if (n < 0) {
             if (errno == EINTR) {
                 continue;
@@ -60,6 +73,9 @@ write_all(int fd, const void *buf, size_t size)
         }
         p += n;
         size -= (size_t)n;
+        if (offset >= 0) {
+            offset += n;
+        }
     }
     return 0;
 }
@@ -77,7 +93,7 @@ _PyPerf_Warn(const char *format, ...)
     va_end(vargs);
     n = (m < 0) ? n : Py_MIN(n + m, (int)sizeof(line) - 2);
     line[n++] = '\n';
-    (void)write_all(STDERR_FILENO, line, n);
+    (void)write_all_at(STDERR_FILENO, line, n, -1);
 }
 
 void
@@ -101,37 +117,153 @@ open_above_stdio(const char *path, int flags, mode_t mode)
     return moved;
 }
 
-int
-_PyPerf_FileOpen(_PyPerf_File *file, const char *path)
+/* The wall-clock time this process started, from its start in clock
+   ticks after boot (/proc/self/stat, field 22).  Returns 0, or -1 if it
+   cannot be had. */
+static int
+process_start_time(struct timespec *start)
 {
-    int fd = open_above_stdio(path, O_WRONLY | O_CREAT | O_APPEND
+    char buf[1024];
+    int fd = open("/proc/self/stat", O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        return -1;
+    }
+    ssize_t n = read(fd, buf, sizeof(buf) - 1);
+    _PyPerf_CloseKeepErrno(fd);
+    if (n <= 0) {
+        return -1;
+    }
+    buf[n] = '\0';
+    /* The command name (field 2) may hold spaces and parentheses: count
+       the fields after its last ')', which is followed by field 3. */
+    char *p = strrchr(buf, ')');
+    for (int field = 2; p != NULL && field < 22; field++) {
+        p = strchr(p + 1, ' ');
+    }
+    long hz = sysconf(_SC_CLK_TCK);
+    struct timespec boot, real;
+    if (p == NULL || hz <= 0 || clock_gettime(CLOCK_BOOTTIME, &boot) < 0
+        || clock_gettime(CLOCK_REALTIME, &real) < 0)
+    {
+        return -1;
+    }
+    unsigned long long ticks = strtoull(p + 1, NULL, 10);
+    /* start = now - (time since boot - start after boot), in ns */
+    long long ns = ((long long)real.tv_sec - boot.tv_sec) * 1000000000LL
+                   + (real.tv_nsec - boot.tv_nsec)
+                   + (long long)(ticks / (unsigned long)hz) * 1000000000LL
+                   + (long long)(ticks % (unsigned long)hz)
+                     * (1000000000LL / hz);
+    start->tv_sec = ns / 1000000000LL;
+    start->tv_nsec = ns % 1000000000LL;
+    return 0;
+}
+
+/* Was the file last changed after this process started?  The start time
+   is had in clock ticks (10 ms), rounded down: a dead process that had
+   our pid and wrote its file within a tick before ours started is taken
+   for us, which takes a pid reused within 10 ms.  Unknown: no. */
+static int
+written_since_start(const struct stat *st)
+{
+    struct timespec start;
+    if (process_start_time(&start) < 0) {
+        return 0;
+    }
+    return (st->st_mtim.tv_sec > start.tv_sec
+            || (st->st_mtim.tv_sec == start.tv_sec
+                && st->st_mtim.tv_nsec >= start.tv_nsec));
+}
+
+/* Open `path` with `access` (creating it, or only creating it with
+   `excl`), and check that it is a plain file of ours with no other link.
+   It is opened write-only first: read-write would open a FIFO planted
+   there (and wake a writer waiting on it) where write-only, non-blocking,
+   fails with ENXIO. */
+static int
+open_checked(const char *path, int access, int excl, struct stat *st)
+{
+    int fd = open_above_stdio(path, O_WRONLY | O_CREAT | (excl ? O_EXCL : 0)
                                     | FILE_FLAGS, 0600);
     if (fd < 0) {
         return -1;
     }
-    struct stat st;
-    if (fstat(fd, &st) < 0) {
+    if (fstat(fd, st) < 0) {
         goto error;
     }
-    if (!S_ISREG(st.st_mode) || st.st_uid != geteuid()
-        || st.st_nlink != 1)
+    if (!S_ISREG(st->st_mode) || st->st_uid != geteuid()
+        || st->st_nlink != 1)
     {
         errno = EPERM;
         goto error;
     }
-    if (fchmod(fd, 0600) < 0 || ftruncate(fd, 0) < 0) {
+    if (fchmod(fd, 0600) < 0) {
         goto error;
     }
-    file->fd = fd;
-    file->dev = st.st_dev;
-    file->ino = st.st_ino;
-    file->size = 0;
-    PyOS_snprintf(file->path, sizeof(file->path), "%s", path);
-    return 0;
+    if ((access & O_ACCMODE) != O_WRONLY) {
+        /* The same file again, read-write: the name may have been
+           replaced meanwhile. */
+        int rw = open_above_stdio(path, access | FILE_FLAGS, 0);
+        struct stat again;
+        if (rw < 0) {
+            goto error;
+        }
+        if (fstat(rw, &again) < 0 || again.st_dev != st->st_dev
+            || again.st_ino != st->st_ino)
+        {
+            _PyPerf_CloseKeepErrno(rw);
+            errno = ESTALE;
+            goto error;
+        }
+        /* Under the first one's number: the lowest free one, as the
+           program expects of whatever opens a file next. */
+        int moved = dup3(rw, fd, O_CLOEXEC);
+        _PyPerf_CloseKeepErrno(rw);
+        if (moved < 0) {
+            goto error;
+        }
+    }
+    return fd;
 
 error:
     _PyPerf_CloseKeepErrno(fd);
     return -1;
+}
+
+int
+_PyPerf_FileOpen(_PyPerf_File *file, const char *path, int flags)
+{
+    int access = O_RDWR | ((flags & _PyPerf_FILE_MAPPABLE) ? 0 : O_APPEND);
+    file->access = access;
+    struct stat st;
+    int fd = open_checked(path, access, 0, &st);
+    if (fd < 0) {
+        return -1;
+    }
+    /* A live process with our pid number (another pid namespace sharing
+       /tmp) holds its file locked: never ours to keep. */
+    int in_use = (flock(fd, LOCK_EX | LOCK_NB) < 0 && errno == EWOULDBLOCK);
+    if (st.st_size > 0
+        && (in_use || !(flags & _PyPerf_FILE_KEEP)
+            || !written_since_start(&st)))
+    {
+        /* See the top of this file. */
+        _PyPerf_CloseKeepErrno(fd);
+        if (unlink(path) < 0 && errno != ENOENT) {
+            return -1;
+        }
+        fd = open_checked(path, access, 1, &st);
+        if (fd < 0) {
+            return -1;
+        }
+        (void)flock(fd, LOCK_EX | LOCK_NB);
+    }
+    file->fd = fd;
+    file->dev = st.st_dev;
+    file->ino = st.st_ino;
+    file->size = st.st_size;
+    PyOS_snprintf(file->path, sizeof(file->path), "%s", path);
+    return 0;
 }
 
 static int
@@ -171,10 +303,11 @@ check_file(_PyPerf_File *file)
         errno = EBADF;
         return -1;
     }
-    int fd = open_ours(file->path, O_WRONLY | O_APPEND | FILE_FLAGS, file);
+    int fd = open_ours(file->path, file->access | FILE_FLAGS, file);
     if (fd < 0) {
         return -1;
     }
+    (void)flock(fd, LOCK_EX | LOCK_NB);     /* the old descriptor's went */
     file->fd = fd;
     return 0;
 }
@@ -185,7 +318,9 @@ _PyPerf_FileAppend(_PyPerf_File *file, const void *buf, size_t size)
     if (check_file(file) < 0) {
         return -1;
     }
-    if (write_all(file->fd, buf, size) < 0) {
+    /* At the end of the records: an O_APPEND descriptor ignores the
+       offset (Linux), others may have more after it (perf_map.c). */
+    if (write_all_at(file->fd, buf, size, file->size) < 0) {
         int saved = errno;
         /* Undo the partial write (see the top).  Should that fail too,
            the write's error is still the one to report.  (The result is
@@ -242,17 +377,17 @@ _PyPerf_FileForget(_PyPerf_File *file)
     file->path[0] = '\0';
 }
 
-/* Bytes read at a time when lines are copied: a line longer than this
-   cannot be copied.  (Ours are at most about 3.3 KiB.) */
+/* Bytes read at a time when lines are read: a longer line cannot be.
+   (Ours are at most about 3.3 KiB.) */
 #define LINES_BUFFER_SIZE (64 * 1024)
 
-/* Append the whole lines among the first `size` bytes of `in` to `to`,
-   each write() ending with a newline, so that a write cut short leaves
-   whole lines behind (_PyPerf_FileAppend undoes it).  Bytes after the last
+/* Pass the whole lines among the first `size` bytes of `in` to `each`,
+   many at a time, each batch ending with a newline.  Bytes after the last
    newline are not a whole line: they are left out.  Returns 0, or -1 with
-   errno set (EINVAL: a line longer than LINES_BUFFER_SIZE). */
+   errno set (EINVAL: a line longer than LINES_BUFFER_SIZE), or what
+   `each` returned if not 0. */
 static int
-append_lines(int in, off_t size, _PyPerf_File *to)
+read_lines(int in, off_t size, _PyPerf_LinesFunc each, void *arg)
 {
     char *buf = PyMem_RawMalloc(LINES_BUFFER_SIZE);
     if (buf == NULL) {
@@ -286,8 +421,8 @@ append_lines(int in, off_t size, _PyPerf_File *to)
             continue;
         }
         size_t whole = (size_t)(last - buf) + 1;
-        if (_PyPerf_FileAppend(to, buf, whole) < 0) {
-            res = -1;
+        res = each(buf, whole, arg);
+        if (res != 0) {
             break;
         }
         held -= whole;
@@ -299,24 +434,27 @@ append_lines(int in, off_t size, _PyPerf_File *to)
     return res;
 }
 
-/* Append the first `size` bytes of `from`, whole lines, to `to`. */
+/* The whole lines among the first `size` bytes of `from`, to `each`. */
 int
-_PyPerf_CopyLines(const _PyPerf_File *from, off_t size, _PyPerf_File *to)
+_PyPerf_ReadLines(const _PyPerf_File *from, off_t size,
+                  _PyPerf_LinesFunc each, void *arg)
 {
     int in = _PyPerf_FileOpenReadOnly(from);
     if (in < 0) {
         return -1;
     }
-    int res = append_lines(in, size, to);
+    int res = read_lines(in, size, each, arg);
     _PyPerf_CloseKeepErrno(in);
     return res;
 }
 
-/* Append the whole lines of the file at `path`, as it is now, to `to`.
-   It must be a regular file, and not `to` itself.  Returns 0, or -1 with
-   errno set (EISDIR: a directory; EINVAL: another kind of file, or `to`). */
+/* The whole lines of the file at `path`, as it is now, to `each`.  It
+   must be a regular file, and not `not_this` (a file of ours being
+   written).  Returns 0, or -1 with errno set (EISDIR: a directory;
+   EINVAL: another kind of file, or `not_this`). */
 int
-_PyPerf_AppendLinesOf(const char *path, _PyPerf_File *to)
+_PyPerf_ReadLinesOf(const char *path, const _PyPerf_File *not_this,
+                    _PyPerf_LinesFunc each, void *arg)
 {
     /* O_NONBLOCK: a FIFO under the name must not block us. */
     int in = open_above_stdio(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK, 0);
@@ -333,13 +471,13 @@ _PyPerf_AppendLinesOf(const char *path, _PyPerf_File *to)
         goto done;
     }
     if (!S_ISREG(st.st_mode)
-        || (to->path[0] != '\0' && st.st_dev == to->dev
-            && st.st_ino == to->ino))
+        || (not_this->path[0] != '\0' && st.st_dev == not_this->dev
+            && st.st_ino == not_this->ino))
     {
         errno = EINVAL;
         goto done;
     }
-    res = append_lines(in, st.st_size, to);
+    res = read_lines(in, st.st_size, each, arg);
 
 done:
     _PyPerf_CloseKeepErrno(in);

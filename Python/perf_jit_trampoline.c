@@ -147,6 +147,11 @@ _Static_assert(sizeof(record_prefix) == 16, "jitdump prefix layout");
 _Static_assert(sizeof(unwinding_record) == 40, "unwinding record layout");
 _Static_assert(sizeof(code_load_record) == 56, "code load record layout");
 
+/* Bytes read at a time from a dump (copied for a forked child, or kept
+   across an exec): a record per system call made a fork of a large parent
+   take a third of a second. */
+#define COPY_CHUNK (256 * 1024)
+
 /* Largest record we write: a code load with the longest name. */
 #define MAX_RECORD_SIZE \
     (sizeof(code_load_record) + _PyPerf_MAX_NAME + 1 + MAX_TEMPLATE_SIZE)
@@ -266,8 +271,71 @@ unmap_marker(void)
     }
 }
 
-/* Create this process's dump, unless it has one (perhaps closed by the
-   program: reopened on use): the header, and the marker mapping. */
+/* Find the end of the whole records of a dump this process wrote before
+   an exec (jitdump.file.size is the file's size on entry), cut off what
+   follows (a pair of records the image before was writing when it went),
+   and number the next code loads after every index used before.  Returns
+   0, or -1 with errno set (EINVAL: not a dump of this process's). */
+static int
+adopt_records(void)
+{
+    int fd = jitdump.file.fd;
+    off_t size = jitdump.file.size;
+    jitdump_header header;
+    if (pread(fd, &header, sizeof(header), 0) != (ssize_t)sizeof(header)
+        || header.magic != JITDUMP_MAGIC
+        || header.version != JITDUMP_VERSION
+        || header.total_size != sizeof(header)
+        || header.elf_mach != _PyPerf_EM_HOST
+        || header.pid != (uint32_t)getpid())
+    {
+        errno = EINVAL;
+        return -1;
+    }
+    /* Not on the C stack: this can run in a deep one. */
+    char *buf = PyMem_RawMalloc(COPY_CHUNK);
+    if (buf == NULL) {
+        errno = ENOMEM;
+        return -1;
+    }
+    off_t pos = sizeof(header);     /* the record at hand */
+    off_t whole = pos;              /* after the last code load */
+    ssize_t n = 0;
+    off_t buf_start = pos;
+    for (;;) {
+        record_prefix prefix;
+        if (pos + (off_t)sizeof(prefix) > buf_start + n) {
+            /* Read on from this record. */
+            buf_start = pos;
+            n = pread(fd, buf, COPY_CHUNK, pos);
+            if (n < (ssize_t)sizeof(prefix)) {
+                break;
+            }
+        }
+        memcpy(&prefix, buf + (pos - buf_start), sizeof(prefix));
+        if (prefix.total_size < sizeof(prefix)
+            || prefix.total_size > MAX_RECORD_SIZE
+            || pos + (off_t)prefix.total_size > size)
+        {
+            break;
+        }
+        pos += prefix.total_size;
+        if (prefix.id == JIT_CODE_LOAD) {
+            whole = pos;
+        }
+    }
+    PyMem_RawFree(buf);
+    if (whole < size && ftruncate(fd, whole) < 0) {
+        return -1;
+    }
+    jitdump.file.size = whole;
+    jitdump.code_index = (uint64_t)size;
+    return 0;
+}
+
+/* Open this process's dump, unless it has one (perhaps closed by the
+   program: reopened on use): a new one gets the header.  Then map the
+   marker. */
 static int
 open_dump(char *path, size_t path_size)
 {
@@ -275,20 +343,32 @@ open_dump(char *path, size_t path_size)
     if (jitdump.file.path[0] != '\0') {
         return 0;
     }
-    if (_PyPerf_FileOpen(&jitdump.file, path) < 0) {
+    if (_PyPerf_FileOpen(&jitdump.file, path, _PyPerf_FILE_KEEP) < 0) {
         return -1;
     }
-    jitdump_header header = {
-        .magic = JITDUMP_MAGIC,
-        .version = JITDUMP_VERSION,
-        .total_size = sizeof(header),
-        .elf_mach = _PyPerf_EM_HOST,
-        .pid = (uint32_t)getpid(),
-        .timestamp = monotonic_ns(),
-    };
-    if (_PyPerf_FileAppend(&jitdump.file, &header, sizeof(header)) < 0
-        || map_marker() < 0)
-    {
+    if (jitdump.file.size > 0 && adopt_records() < 0) {
+        _PyPerf_FileForget(&jitdump.file);
+        if (_PyPerf_FileOpen(&jitdump.file, path, 0) < 0) {
+            return -1;
+        }
+    }
+    if (jitdump.file.size == 0) {
+        jitdump_header header = {
+            .magic = JITDUMP_MAGIC,
+            .version = JITDUMP_VERSION,
+            .total_size = sizeof(header),
+            .elf_mach = _PyPerf_EM_HOST,
+            .pid = (uint32_t)getpid(),
+            .timestamp = monotonic_ns(),
+        };
+        if (_PyPerf_FileAppend(&jitdump.file, &header,
+                               sizeof(header)) < 0)
+        {
+            _PyPerf_FileForget(&jitdump.file);
+            return -1;
+        }
+    }
+    if (map_marker() < 0) {
         _PyPerf_FileForget(&jitdump.file);
         return -1;
     }
@@ -299,9 +379,7 @@ open_dump(char *path, size_t path_size)
    up to `end`) into ours.  They become the child's: its pid and tid in
    every code load, and the time of the copy, which follows the fork, so
    perf places the child's mappings after it created the child.  Read and
-   written COPY_CHUNK bytes at a time: a record per system call made a
-   fork of a large parent take a third of a second. */
-#define COPY_CHUNK (256 * 1024)
+   written COPY_CHUNK bytes at a time. */
 
 static int
 copy_parent_records(const _PyPerf_File *parent, off_t end)

@@ -13,14 +13,38 @@
  * when it resolves samples, long after the process is gone, so it is never
  * removed.
  *
- * A system call per line would cost more than the rest of a new
- * trampoline, so the core's lines wait in memory and are appended many at
- * a time when the core says (_PyPerf_Flush(): within microseconds while
- * Python code runs, before the program blocks or exits) or when the buffer
- * is full.  Each batch is appended with _PyPerf_FileAppend()
- * (Python/perf_files.c), which undoes a partial write, so the file only
- * ever holds whole lines: a process killed outright loses the lines that
- * waited, never half a line.
+ * When.  A line is in the file, that is in the kernel's page cache where
+ * every reader sees it, before its trampoline first runs: a process that
+ * is killed, aborts or crashes right after making a function loses none of
+ * its names.  A system call per line would cost more than the rest of a
+ * new trampoline, so the file is mapped shared and lines are copied into
+ * the mapping:
+ *
+ *     file:  | line | line | line |\0\0\0\0\0\0\0\0\0\0\0\0|
+ *            0                    ^ size        allocated ^
+ *                                 next line goes here
+ *
+ * The file is grown GROW_SIZE bytes at a time with pwrite() of zeros:
+ * writing the bytes (rather than ftruncate()) allocates the disk blocks
+ * then, so a full disk is an error from pwrite(), not a SIGBUS in a later
+ * store to the mapping.  The NULs after the last line hold no newline:
+ * to a reader they are the start of one more line, which begins with a
+ * NUL and names nothing.  A clean exit cuts them off.
+ *
+ * No torn lines.  A reader may copy the file at any moment (perf top,
+ * continuous profilers), and a copy of many pages is not made at one
+ * instant: it may hold the start of a line from before the line was
+ * written and its end from after.  So a line is stored with its first
+ * byte last: its other bytes, newline included, then the first hex digit
+ * with a release store.  Until then the part of it a reader sees belongs
+ * to a line that starts with a NUL, since no newline stands between the
+ * last whole line and it.  (A process killed during those few stores
+ * leaves such a line behind: an exec'd image overwrites it.)
+ *
+ * Where mapping a file is not safe (a filesystem that may need new blocks
+ * to overwrite old ones, such as btrfs, or one over the network), each
+ * line is written with one pwrite() instead: still in the file before it
+ * is used, at the cost of a system call.
  *
  * Two kinds of writers share the file: the core, for trampolines, with the
  * GIL held, and the C API at the end of this file (PyUnstable_*, for JIT
@@ -32,7 +56,10 @@
  * A fork() while another thread holds the mutex would leave it locked
  * forever in the child, and the state half changed, so the mutex is held
  * across every fork() (pthread_atfork): the child starts with it free and
- * the state as it was between two writes.
+ * the state as it was between two writes.  The mapping is not inherited
+ * (MADV_DONTFORK): the child writes to a file of its own
+ * (perfmap_after_fork_child(), or on its first write if the fork did not
+ * go through PyOS_AfterFork_Child()).
  */
 
 #include "Python.h"
@@ -41,21 +68,51 @@
 #ifdef PY_HAVE_PERF_TRAMPOLINE
 
 #include <errno.h>
+#include <linux/magic.h>          // TMPFS_MAGIC, ...
 #include <pthread.h>              // pthread_mutex_t, pthread_atfork()
-#include <unistd.h>               // getpid()
+#include <sys/mman.h>             // mmap(), madvise()
+#include <sys/uio.h>              // pwritev()
+#include <sys/vfs.h>              // fstatfs()
+#include <unistd.h>               // getpid(), sysconf()
+
+/* ----------------------------------------------------------------------
+ * Constants and state
+ */
+
+/* Bytes the file grows by: one pwrite() per a few hundred lines. */
+#define GROW_SIZE (16 * 1024)
+/* Bytes of the file mapped at a time (a new window is mapped when a line
+   would not fit): address space, not memory. */
+#define WINDOW_SIZE (1024 * 1024)
+
+/* The longest line: two hex numbers, two spaces, a name, a newline. */
+#define MAX_LINE (2 * 2 * sizeof(uintptr_t) + 3 + _PyPerf_MAX_NAME)
 
 static struct {
     /* Guards everything below (see the top of this file). */
     pthread_mutex_t lock;
+    /* file.size: the end of the last whole line. */
     _PyPerf_File file;
     /* PyUnstable_PerfMapState_Fini() closed the file: the next use opens
        it again (by name, keeping its lines, or anew if it is gone). */
     int closed;
-    /* Lines not written yet, in the order they were made (the C API's
-       are written at once, after them: see write_lines()). */
-    size_t waiting;
-    char lines[32 * 1024];
+    /* Set in a forked child: `file` is the parent's until the child has
+       its own. */
+    int inherited;
+    /* The file can be mapped (its filesystem is known to overwrite in
+       place); otherwise every line is written with pwrite(). */
+    int mappable;
+    /* Bytes of the file: [file.size, allocated) holds NULs only. */
+    off_t allocated;
+    /* WINDOW_SIZE bytes of the file from window_offset, or NULL. */
+    char *window;
+    off_t window_offset;
+    /* A line is made here (not on the C stack, which may be deep). */
+    char line[MAX_LINE];
 } perfmap = {.lock = PTHREAD_MUTEX_INITIALIZER, .file = {.fd = -1}};
+
+/* A page of the file's fill. */
+static const char zeros[4096];
 
 /* ----------------------------------------------------------------------
  * The lock
@@ -73,18 +130,28 @@ lock_before_fork(void)
 }
 
 static void
-unlock_after_fork(void)
+unlock_after_fork_parent(void)
 {
-    /* In the child, the one thread there is the one that forked: the
-       holder. */
+    pthread_mutex_unlock(&perfmap.lock);
+}
+
+static void
+unlock_after_fork_child(void)
+{
+    /* The mapping is not in the child (MADV_DONTFORK), and the file is
+       the parent's. */
+    perfmap.window = NULL;
+    perfmap.inherited = (perfmap.file.path[0] != '\0');
+    /* The one thread there is the one that forked: the holder. */
     pthread_mutex_unlock(&perfmap.lock);
 }
 
 static void
 register_fork_handlers(void)
 {
-    fork_handlers_error = pthread_atfork(lock_before_fork, unlock_after_fork,
-                                         unlock_after_fork);
+    fork_handlers_error = pthread_atfork(lock_before_fork,
+                                         unlock_after_fork_parent,
+                                         unlock_after_fork_child);
 }
 
 /* Take the map's mutex.  Returns 0, or -1 with errno set if the fork
@@ -109,25 +176,277 @@ unlock_map(void)
 }
 
 /* ----------------------------------------------------------------------
- * Lines
+ * The file and its mapping
  */
 
-/* The longest line: two hex numbers, two spaces, a name, a newline. */
-#define MAX_LINE (2 * 2 * sizeof(uintptr_t) + 3 + _PyPerf_MAX_NAME)
-
-/* Append the waiting lines to the file.  Lines that cannot be written are
-   dropped: keeping them would only make every later line wait behind
-   them. */
+/* Filesystems that overwrite a file's existing blocks in place, so that a
+   store to a mapping of them needs no new space.  (overlayfs: the file is
+   on its upper filesystem, which is one of these where containers run.) */
 static int
-write_lines(void)
+maps_in_place(int fd)
 {
-    if (perfmap.waiting == 0) {
+    struct statfs sfs;
+    if (fstatfs(fd, &sfs) < 0) {
         return 0;
     }
-    int res = _PyPerf_FileAppend(&perfmap.file, perfmap.lines,
-                                 perfmap.waiting);
-    perfmap.waiting = 0;
+    switch ((unsigned long)sfs.f_type) {
+    case TMPFS_MAGIC:
+    case EXT4_SUPER_MAGIC:      /* also ext2 and ext3 */
+    case XFS_SUPER_MAGIC:
+    case OVERLAYFS_SUPER_MAGIC:
+        return 1;
+    default:
+        return 0;
+    }
+}
+
+static void
+unmap_window(void)
+{
+    if (perfmap.window != NULL) {
+        (void)munmap(perfmap.window, WINDOW_SIZE);
+        perfmap.window = NULL;
+    }
+}
+
+/* Write NULs over [start, end) of the file. */
+static int
+fill_zeros(off_t start, off_t end)
+{
+    while (start < end) {
+        struct iovec iov[GROW_SIZE / sizeof(zeros)];
+        int count = 0;
+        off_t n = 0;
+        while (count < (int)Py_ARRAY_LENGTH(iov) && start + n < end) {
+            size_t part = (size_t)Py_MIN((off_t)sizeof(zeros),
+                                         end - start - n);
+            iov[count].iov_base = (void *)zeros;
+            iov[count].iov_len = part;
+            count++;
+            n += (off_t)part;
+        }
+        ssize_t done = pwritev(perfmap.file.fd, iov, count, start);
+        if (done < 0 && errno == EINTR) {
+            continue;
+        }
+        if (done <= 0) {
+            if (done == 0) {
+                errno = ENOSPC;
+            }
+            return -1;
+        }
+        start += done;
+    }
+    return 0;
+}
+
+/* Make [file.size, end) of the file writable through the window. */
+static int
+reserve(off_t end)
+{
+    if (end > perfmap.allocated) {
+        off_t grown = _Py_SIZE_ROUND_UP(end, GROW_SIZE);
+        if (_PyPerf_FileReopen(&perfmap.file) < 0
+            || fill_zeros(perfmap.allocated, grown) < 0)
+        {
+            return -1;
+        }
+        perfmap.allocated = grown;
+    }
+    if (perfmap.window == NULL
+        || end > perfmap.window_offset + WINDOW_SIZE)
+    {
+        unmap_window();
+        long page = sysconf(_SC_PAGESIZE);
+        off_t offset = perfmap.file.size & ~(off_t)(page > 0 ? page - 1
+                                                             : 4095);
+        if (end - offset > WINDOW_SIZE
+            || _PyPerf_FileReopen(&perfmap.file) < 0)
+        {
+            return -1;
+        }
+        void *mem = mmap(NULL, WINDOW_SIZE, PROT_READ | PROT_WRITE,
+                         MAP_SHARED, perfmap.file.fd, offset);
+        if (mem == MAP_FAILED) {
+            return -1;
+        }
+        (void)madvise(mem, WINDOW_SIZE, MADV_DONTFORK);
+        perfmap.window = mem;
+        perfmap.window_offset = offset;
+    }
+    return 0;
+}
+
+/* Append the line of `size` bytes at `line` (ending with a newline) to
+   the file (see the top of this file). */
+static int
+put_line(const char *line, size_t size)
+{
+    assert(size >= 2 && line[size - 1] == '\n');
+    if (!perfmap.mappable) {
+        return _PyPerf_FileAppend(&perfmap.file, line, size);
+    }
+    off_t end = perfmap.file.size + (off_t)size;
+    if (reserve(end) < 0) {
+        return -1;
+    }
+    char *to = perfmap.window + (perfmap.file.size - perfmap.window_offset);
+    assert(to[0] == '\0');
+    memcpy(to + 1, line + 1, size - 1);
+    __atomic_store_n(&to[0], line[0], __ATOMIC_RELEASE);
+    perfmap.file.size = end;
+    return 0;
+}
+
+static int
+put_lines(const char *lines, size_t size, void *Py_UNUSED(arg))
+{
+    while (size > 0) {
+        const char *nl = memchr(lines, '\n', size);
+        assert(nl != NULL);
+        size_t n = (size_t)(nl - lines) + 1;
+        /* A line being written, or a mapped file's fill: not copied. */
+        if (n > 1 && lines[0] != '\0' && put_line(lines, n) < 0) {
+            return -1;
+        }
+        lines += n;
+        size -= n;
+    }
+    return 0;
+}
+
+/* Find the end of the whole lines in a file this process wrote before an
+   exec, using `buf` (GROW_SIZE + MAX_LINE bytes): file.size is the file's
+   size on entry.  The fill after them is NULs; a last line that still
+   starts with NUL, or has no newline, was being written when the image
+   before went: it becomes fill. */
+static int
+find_end(char *buf)
+{
+    off_t size = perfmap.file.size;
+    off_t end = size;           /* [0, end) holds no trailing NUL */
+    for (;;) {
+        off_t start = Py_MAX(end - (off_t)GROW_SIZE, 0);
+        if (start == end) {
+            break;
+        }
+        ssize_t n = pread(perfmap.file.fd, buf, (size_t)(end - start),
+                          start);
+        if (n != end - start) {
+            if (n >= 0) {
+                errno = EIO;
+            }
+            return -1;
+        }
+        while (n > 0 && buf[n - 1] == '\0') {
+            n--;
+        }
+        end = start + n;
+        if (n > 0) {
+            break;
+        }
+    }
+    perfmap.allocated = size;
+    perfmap.file.size = 0;
+    if (end == 0) {
+        return 0;
+    }
+    /* The last whole line ends at the last newline before `end`, and
+       starts after the newline before that one. */
+    off_t from = Py_MAX(end - (off_t)(2 * MAX_LINE), 0);
+    ssize_t n = pread(perfmap.file.fd, buf, (size_t)(end - from), from);
+    if (n != end - from) {
+        if (n >= 0) {
+            errno = EIO;
+        }
+        return -1;
+    }
+    off_t whole = from;         /* the end of the whole lines */
+    char *nl = memrchr(buf, '\n', (size_t)n);
+    if (nl != NULL) {
+        char *prev = memrchr(buf, '\n', (size_t)(nl - buf));
+        char *line = prev == NULL ? buf : prev + 1;
+        whole = from + (line - buf);
+        if (line[0] != '\0' && (prev != NULL || from == 0)) {
+            whole = from + (nl - buf) + 1;
+        }
+    }
+    perfmap.file.size = whole;
+    return fill_zeros(whole, end);
+}
+
+static int
+adopt_lines(void)
+{
+    /* Not on the C stack: this can run in a deep one. */
+    char *buf = PyMem_RawMalloc(GROW_SIZE + MAX_LINE);
+    if (buf == NULL) {
+        errno = ENOMEM;
+        return -1;
+    }
+    int res = find_end(buf);
+    int saved = errno;
+    PyMem_RawFree(buf);
+    errno = saved;
     return res;
+}
+
+/* Open `path`, keeping what this process wrote before an exec. */
+static int
+start_file(const char *path)
+{
+    if (_PyPerf_FileOpen(&perfmap.file, path,
+                         _PyPerf_FILE_KEEP | _PyPerf_FILE_MAPPABLE) < 0)
+    {
+        return -1;
+    }
+    perfmap.mappable = maps_in_place(perfmap.file.fd);
+    perfmap.allocated = perfmap.file.size;
+    if (perfmap.file.size > 0 && adopt_lines() < 0) {
+        _PyPerf_FileForget(&perfmap.file);
+        return -1;
+    }
+    return 0;
+}
+
+/* Let go of the file without cutting its fill: the parent's (a child), or
+   one opened again by name. */
+static void
+forget_file(void)
+{
+    unmap_window();
+    _PyPerf_FileForget(&perfmap.file);
+    perfmap.allocated = 0;
+    perfmap.inherited = 0;
+}
+
+/* Open this process's map, unless it has one (perhaps closed by the
+   program: reopened on use).  After PyUnstable_PerfMapState_Fini(), the
+   same file is opened again by name, its lines kept; if it is no longer
+   there, a new one is started.  `path` receives the file's name only when
+   it is opened. */
+static int
+open_map(char *path, size_t path_size)
+{
+    if (perfmap.file.path[0] != '\0' && !perfmap.closed
+        && !perfmap.inherited)
+    {
+        return 0;               /* the common case: no system call */
+    }
+    if (perfmap.inherited) {
+        /* A child whose fork did not go through PyOS_AfterFork_Child():
+           a file of its own, without the inherited trampolines' lines. */
+        forget_file();
+    }
+    PyOS_snprintf(path, path_size, "/tmp/perf-%ld.map", (long)getpid());
+    if (perfmap.file.path[0] != '\0') {
+        perfmap.closed = 0;
+        if (_PyPerf_FileReopen(&perfmap.file) == 0) {
+            return 0;
+        }
+        forget_file();
+    }
+    return start_file(path);
 }
 
 /* Append `value` in lowercase hex without "0x" (what perf expects). */
@@ -190,18 +509,12 @@ append_name(char *buf, size_t pos, const char *name, size_t name_size)
     return pos;
 }
 
-/* Add the line "START SIZE NAME\n" to the waiting ones, after writing
-   them if it might not fit.  Returns 0, or -1 with errno set if they could
-   not be written (the line is added all the same). */
+/* Append the line "START SIZE NAME\n" to the file. */
 static int
 add_line(const void *code, size_t code_size, const char *name,
          size_t name_size)
 {
-    int res = 0;
-    if (perfmap.waiting + MAX_LINE > sizeof(perfmap.lines)) {
-        res = write_lines();
-    }
-    char *line = perfmap.lines + perfmap.waiting;
+    char *line = perfmap.line;
     size_t n = append_hex(line, 0, (uintptr_t)code);
     line[n++] = ' ';
     n = append_hex(line, n, code_size);
@@ -209,33 +522,7 @@ add_line(const void *code, size_t code_size, const char *name,
     n = append_name(line, n, name, name_size);
     line[n++] = '\n';
     assert(n <= MAX_LINE);
-    perfmap.waiting += n;
-    return res;
-}
-
-/* Open this process's map, unless it has one (perhaps closed by the
-   program: reopened on use).  After PyUnstable_PerfMapState_Fini(), the
-   same file is opened again by name, its lines kept; if it is no longer
-   there, a new one is started.  `path` receives the file's name only when
-   it is opened. */
-static int
-open_map(char *path, size_t path_size)
-{
-    if (perfmap.file.path[0] != '\0' && !perfmap.closed) {
-        return 0;               /* the common case: no system call */
-    }
-    PyOS_snprintf(path, path_size, "/tmp/perf-%ld.map", (long)getpid());
-    if (perfmap.file.path[0] != '\0') {
-        if (!perfmap.closed) {
-            return 0;
-        }
-        perfmap.closed = 0;
-        if (_PyPerf_FileReopen(&perfmap.file) == 0) {
-            return 0;
-        }
-        _PyPerf_FileForget(&perfmap.file);
-    }
-    return _PyPerf_FileOpen(&perfmap.file, path);
+    return put_line(line, n);
 }
 
 /* ----------------------------------------------------------------------
@@ -253,7 +540,6 @@ perfmap_init(char *path, size_t path_size)
     return res;
 }
 
-/* The line waits: the core calls perfmap_flush() soon. */
 static int
 perfmap_write_entry(const void *code, size_t code_size,
                     const char *name, size_t name_size)
@@ -271,41 +557,23 @@ perfmap_write_entry(const void *code, size_t code_size,
 }
 
 static int
-perfmap_flush(void)
-{
-    if (lock_map() < 0) {
-        return -1;
-    }
-    int res = write_lines();
-    unlock_map();
-    return res;
-}
-
-static int
 perfmap_after_fork_child(char *path, size_t path_size, int copy)
 {
     if (lock_map() < 0) {
         return -1;
     }
     perfmap.closed = 0;
+    perfmap.inherited = 0;
     _PyPerf_File parent;
     int res = 0;
     if (_PyPerf_FileDetach(&perfmap.file, &parent)) {
+        perfmap.allocated = 0;
         if (copy) {
             res = open_map(path, path_size);
             if (res == 0 && parent.size > 0) {
-                res = _PyPerf_CopyLines(&parent, parent.size,
-                                        &perfmap.file);
+                res = _PyPerf_ReadLines(&parent, parent.size, put_lines,
+                                        NULL);
             }
-            if (res == 0) {
-                /* Lines the parent had not written yet: it will, to its
-                   file. */
-                res = write_lines();
-            }
-        }
-        else {
-            /* inherited trampolines: not ours to name */
-            perfmap.waiting = 0;
         }
         _PyPerf_FileForget(&parent);
     }
@@ -313,11 +581,34 @@ perfmap_after_fork_child(char *path, size_t path_size, int copy)
     return res;
 }
 
+/* At exit: cut the fill off, so that a file left by a clean exit holds
+   only its lines. */
+static void
+perfmap_fini(void)
+{
+    if (lock_map() < 0) {
+        return;
+    }
+    int saved = errno;
+    if (perfmap.file.path[0] != '\0' && !perfmap.inherited
+        && perfmap.allocated > perfmap.file.size
+        && _PyPerf_FileReopen(&perfmap.file) == 0)
+    {
+        /* No mapping may reach past the new end. */
+        unmap_window();
+        if (ftruncate(perfmap.file.fd, perfmap.file.size) == 0) {
+            perfmap.allocated = perfmap.file.size;
+        }
+    }
+    errno = saved;
+    unlock_map();
+}
+
 const _PyPerf_Backend _PyPerf_MapBackend = {
     .init = perfmap_init,
     .write_entry = perfmap_write_entry,
     .after_fork_child = perfmap_after_fork_child,
-    .flush = perfmap_flush,
+    .fini = perfmap_fini,
 };
 
 /* ----------------------------------------------------------------------
@@ -325,7 +616,7 @@ const _PyPerf_Backend _PyPerf_MapBackend = {
  *
  * For code generators of extensions (JIT compilers): from any thread, with
  * or without the GIL.  Their lines go to the map the trampolines' go to,
- * written at once (with the trampolines' that wait, before them).  The return values are upstream's
+ * written at once.  The return values are upstream's
  * (3.12): 0; -1 if the file cannot be used, with errno set; -2 if the lock
  * cannot be (here: its fork handlers cannot be registered).
  */
@@ -369,9 +660,6 @@ PyUnstable_WritePerfMapEntry(const void *code_addr, unsigned int code_size,
         return res;
     }
     res = add_line(code_addr, code_size, entry_name, strlen(entry_name));
-    if (write_lines() < 0) {
-        res = -1;
-    }
     unlock_map();
     return res;
 }
@@ -387,7 +675,6 @@ PyUnstable_PerfMapState_Fini(void)
         return;
     }
     if (perfmap.file.path[0] != '\0' && !perfmap.closed) {
-        (void)write_lines();
         _PyPerf_FileClose(&perfmap.file);
         perfmap.closed = 1;
     }
@@ -406,11 +693,8 @@ PyUnstable_CopyPerfMapFile(const char *parent_filename)
     if (res < 0) {
         return res;
     }
-    /* After the lines made before this call. */
-    res = write_lines();
-    if (res == 0) {
-        res = _PyPerf_AppendLinesOf(parent_filename, &perfmap.file);
-    }
+    res = _PyPerf_ReadLinesOf(parent_filename, &perfmap.file, put_lines,
+                              NULL);
     unlock_map();
     return res;
 }

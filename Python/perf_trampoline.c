@@ -416,14 +416,6 @@ assign_trampoline(PyCodeObject *co, const perf_interp *pi)
                                  _PyPerf_core.name, name_size) < 0) {
         report_failure(WRITE_FAILED);
     }
-    if (pi->backend->flush != NULL && !_PyPerf_core.entries_waiting) {
-        /* Have the eval loop count its checks until they are written
-           (ceval.c: COMPUTE_EVAL_BREAKER keeps it set meanwhile). */
-        _PyPerf_core.entries_waiting = 1;
-        _PyPerf_core.ticks = 0;
-        PyInterpreterState *interp = _PyInterpreterState_GET();
-        _Py_atomic_store_relaxed(&interp->ceval.eval_breaker, 1);
-    }
     return (_PyPerf_Trampoline)slot;
 }
 
@@ -626,61 +618,28 @@ _PyPerf_ForCallSlow(PyThreadState *tstate, PyCodeObject *co, uintptr_t sp)
 }
 
 /* ----------------------------------------------------------------------
- * Entries that wait (see _PyPerf_Flush() in pycore_perf.h)
- *
- * Nothing in a single-threaded process runs on a timer, so the eval loop
- * is the clock: while entries wait, its eval breaker stays set, and after
- * _PyPerf_FLUSH_TICKS checks (function entries, backward jumps) they are
- * written.  During a burst of new code (an import) that is one write()
- * per batch of hundreds of entries; in a loop, tens of microseconds after
- * its functions' first calls.  They are also written before the program
- * blocks or lets other threads run (PyEval_SaveThread) and when it exits.
- * A process killed outright loses what waited: the functions first called
- * since the last write, which is long ago only while C code that holds
- * the GIL runs.
+ * Exit
  */
 
 void
-_PyPerf_Flush(void)
+_PyPerf_AtExit(void)
 {
-    if (!_PyPerf_core.entries_waiting) {
-        return;
-    }
-    int saved = errno;
-    _PyPerf_core.entries_waiting = 0;
     for (int i = 0; i < BACKEND_COUNT; i++) {
         const _PyPerf_Backend *backend = backends[i].backend;
-        if (backend->flush != NULL && backend->flush() < 0) {
-            report_failure(WRITE_FAILED);
+        if (backend->fini != NULL) {
+            backend->fini();
         }
     }
-    errno = saved;
 }
+
+static pthread_once_t at_exit_once = PTHREAD_ONCE_INIT;
 
 static void
-flush_at_exit(void)
+register_at_exit(void)
 {
-    _PyPerf_Flush();
-}
-
-static pthread_once_t flush_at_exit_once = PTHREAD_ONCE_INIT;
-
-static void
-register_flush_at_exit(void)
-{
-    /* exit() called from C, without Py_Finalize (atexit() failing only
-       costs that case). */
-    (void)atexit(flush_at_exit);
-}
-
-int
-_PyPerf_Tick(void)
-{
-    if (++_PyPerf_core.ticks < _PyPerf_FLUSH_TICKS) {
-        return 0;
-    }
-    _PyPerf_Flush();
-    return 1;
+    /* Also exit() called from C, without Py_Finalize (atexit() failing
+       only leaves the files untidied). */
+    (void)atexit(_PyPerf_AtExit);
 }
 
 /* ----------------------------------------------------------------------
@@ -778,8 +737,8 @@ activate(PyThreadState *tstate, const char *name)
             return -1;
         }
     }
-    if (backend->flush != NULL) {
-        pthread_once(&flush_at_exit_once, register_flush_at_exit);
+    if (backend->fini != NULL) {
+        pthread_once(&at_exit_once, register_at_exit);
     }
     pi->backend = backend;
     if (interp->id == 0) {
@@ -812,7 +771,6 @@ _PyPerf_Deactivate(PyThreadState *tstate)
         _PyPerf_core.main_index = -1;
         _PyPerf_remote.active = 0;
     }
-    _PyPerf_Flush();
     return 0;
 }
 
@@ -828,7 +786,6 @@ _PyPerf_FiniInterp(PyInterpreterState *interp)
     /* Forget the interpreter: a later one may have the same id (the main
        interpreter after Py_Finalize + Py_Initialize), with fresh co_extra
        indexes. */
-    _PyPerf_Flush();
     perf_interp *pi = find_interp(interp);
     if (pi == NULL) {
         return;
@@ -911,21 +868,12 @@ _PyPerf_AfterForkChild(PyThreadState *tstate)
                          path, strerror(errno));
         }
     }
-    /* The entries that waited are in the child's files, or dropped. */
-    _PyPerf_core.entries_waiting = 0;
 }
 
 void
 _PyPerf_ChildWillExec(void)
 {
     _PyPerf_core.child_will_exec = 1;
-}
-
-/* The interpreter finished starting: what its startup made is written. */
-void
-_PyPerf_StartupDone(void)
-{
-    _PyPerf_Flush();
 }
 
 /* ----------------------------------------------------------------------
@@ -1077,11 +1025,6 @@ _PyPerf_AfterForkChild(PyThreadState *tstate)
 
 void
 _PyPerf_ChildWillExec(void)
-{
-}
-
-void
-_PyPerf_StartupDone(void)
 {
 }
 

@@ -65,7 +65,6 @@ extern int _PyPerf_Activate(PyThreadState *tstate, const char *backend);
 extern int _PyPerf_Deactivate(PyThreadState *tstate);
 extern int _PyPerf_IsActive(PyThreadState *tstate);
 extern PyStatus _PyPerf_InitFromConfig(PyThreadState *tstate);
-extern void _PyPerf_StartupDone(void);
 extern void _PyPerf_FiniInterp(PyInterpreterState *interp);
 extern void _PyPerf_AfterForkChild(PyThreadState *tstate);
 /* In a forked child that will exec (_posixsubprocess with preexec_fn):
@@ -132,10 +131,10 @@ typedef struct {
        fork; otherwise write_entry starts it, empty.  No-op if never
        initialized. */
     int (*after_fork_child)(char *path, size_t path_size, int copy);
-    /* Optional: write what write_entry left waiting.  A backend that
-       has this may keep entries in memory until it is called (see
-       _PyPerf_Flush()). */
-    int (*flush)(void);
+    /* Optional: at exit (also os._exit()), tidy the output up.  Every
+       entry is complete in it before this: a process killed outright
+       loses nothing. */
+    void (*fini)(void);
     /* Optional: bytes of address space, from its start, that a trampoline
        of code_size bytes must own (valid after init); default: its code. */
     size_t (*span)(size_t code_size);
@@ -172,10 +171,6 @@ typedef struct {
     int fork_copy;              /* see _PyPerf_AfterForkChild() */
     int child_will_exec;
     int no_new;                 /* a child about to exec: no new trampolines */
-    /* Entries wait in a backend's memory (see _PyPerf_Flush()): read by
-       every interpreter's eval breaker. */
-    int entries_waiting;
-    unsigned int ticks;         /* eval-breaker checks since they began */
     struct _PyPerf_Interp *interps;   /* interpreters that activated */
     size_t interp_count;
     /* A new trampoline's name is made here, not on the C stack: that can
@@ -185,18 +180,8 @@ typedef struct {
 
 extern _PyPerf_Core _PyPerf_core;
 
-/* Write the entries that wait.  New entries of the perf map are kept in
-   memory and written together (one write() for many), at the latest when
-   the program next blocks or releases the GIL (PyEval_SaveThread), after
-   _PyPerf_FLUSH_TICKS eval-breaker checks (a running loop: microseconds),
-   at exit (also os._exit() and exit() from C), at deactivation and before
-   a forked child starts its own file.  errno is kept; any thread may call
-   it. */
-extern void _PyPerf_Flush(void);
-#define _PyPerf_FLUSH_TICKS 1000
-/* An eval-breaker check while entries wait; returns 1 if it wrote them. */
-extern int _PyPerf_Tick(void);
-#define _PyPerf_ENTRIES_WAITING() (_PyPerf_core.entries_waiting != 0)
+/* The process is about to exit (also os._exit()). */
+extern void _PyPerf_AtExit(void);
 
 /* The part of this thread's C stack that fast-path calls may use:
    [limit, high).  Unknown (limit == high == 0) until the thread's first
@@ -289,13 +274,23 @@ extern void _PyPerf_CloseKeepErrno(int fd);
    file it was opened on, and the bytes of whole records in it. */
 typedef struct {
     int fd;                     /* -1: not open */
+    int access;                 /* open() flags to open it again with */
     dev_t dev;
     ino_t ino;
     off_t size;
     char path[64];
 } _PyPerf_File;
 
-extern int _PyPerf_FileOpen(_PyPerf_File *file, const char *path);
+/* _PyPerf_FileOpen() flags.  KEEP: keep what this process wrote before an
+   exec (file->size is then the file's size, for the caller to check);
+   otherwise start empty.  MAPPABLE: not append-only, so that it can be
+   mapped shared. */
+#define _PyPerf_FILE_KEEP 1
+#define _PyPerf_FILE_MAPPABLE 2
+
+extern int _PyPerf_FileOpen(_PyPerf_File *file, const char *path,
+                            int flags);
+/* Write at file->size (an append-only descriptor appends). */
 extern int _PyPerf_FileAppend(_PyPerf_File *file, const void *buf,
                               size_t size);
 extern int _PyPerf_FileOpenReadOnly(const _PyPerf_File *file);
@@ -303,11 +298,14 @@ extern int _PyPerf_FileDetach(_PyPerf_File *file, _PyPerf_File *parent);
 extern void _PyPerf_FileForget(_PyPerf_File *file);
 extern void _PyPerf_FileClose(_PyPerf_File *file);
 extern int _PyPerf_FileReopen(_PyPerf_File *file);
-/* Files of lines (the perf map): whole lines only, each write() ending
-   with a newline. */
-extern int _PyPerf_CopyLines(const _PyPerf_File *from, off_t size,
-                             _PyPerf_File *to);
-extern int _PyPerf_AppendLinesOf(const char *path, _PyPerf_File *to);
+/* Files of lines (the perf map): whole lines, many at a time, each batch
+   ending with a newline, are passed to a function that returns 0 to go
+   on. */
+typedef int (*_PyPerf_LinesFunc)(const char *lines, size_t size, void *arg);
+extern int _PyPerf_ReadLines(const _PyPerf_File *from, off_t size,
+                             _PyPerf_LinesFunc each, void *arg);
+extern int _PyPerf_ReadLinesOf(const char *path, const _PyPerf_File *not_this,
+                               _PyPerf_LinesFunc each, void *arg);
 
 
 /* ---- Unwind description and DWARF (Python/perf_unwind.c) --------------- */
@@ -409,9 +407,7 @@ PyAPI_FUNC(Py_ssize_t) _PyPerf_BuildEhFrame(
 #else   /* !PY_HAVE_PERF_TRAMPOLINE */
 
 #define _PyPerf_IS_INSTALLED(tstate) 0
-#define _PyPerf_ENTRIES_WAITING() 0
-#define _PyPerf_Tick() 0
-#define _PyPerf_Flush()
+#define _PyPerf_AtExit()
 
 #endif  /* PY_HAVE_PERF_TRAMPOLINE */
 

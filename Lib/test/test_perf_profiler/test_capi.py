@@ -40,6 +40,11 @@ def fresh_map():
     elif os.path.lexists(MAP):
         os.unlink(MAP)
 
+def map_text():
+    # Without the NULs a running process's map ends in (perf_map.c).
+    with open(MAP) as f:
+        return f.read().rstrip("\\0")
+
 def map_descriptors():
     found = []
     for fd in os.listdir("/proc/self/fd"):
@@ -80,6 +85,8 @@ class CapiTestCase(PerfTestCase):
         "START SIZE NAME"; the file ends with a newline."""
         with open(map_path(pid), "rb") as f:
             data = f.read()
+        # The NULs a running process's map ends in are left out.
+        data = data.rstrip(b"\0")
         if data:
             self.assertTrue(data.endswith(b"\n"), data[-100:])
         lines = data.split(b"\n")[:-1]
@@ -122,9 +129,9 @@ class WriteEntryTests(CapiTestCase):
             fresh_map()
             with open(MAP, "w") as f:
                 f.write("stale line of a dead process\\n")
+            os.utime(MAP, (1, 1))   # older than this process
             print(write({JIT_BASE:#x}, 0x10, "py::jitted:<jit>"))
-            with open(MAP) as f:
-                print(f.read(), end="")
+            print(map_text(), end="")
             sys.activate_stack_trampoline("perf")
             def traced():
                 return 1
@@ -192,6 +199,7 @@ class WriteEntryTests(CapiTestCase):
             fresh_map()
             with open(MAP, "w") as f:
                 f.write("stale line of a dead process\\n")
+            os.utime(MAP, (1, 1))   # older than this process
             print("init", init(), os.path.getsize(MAP))
             [fd] = map_descriptors()
             print("descriptor above 2", fd > 2,
@@ -205,8 +213,7 @@ class WriteEntryTests(CapiTestCase):
             print("write", write(0x2000, 0x10, "py::two:<jit>"))
             print("same file", os.stat(MAP).st_ino == inode,
                   len(map_descriptors()))
-            with open(MAP) as f:
-                print(f.read(), end="")
+            print(map_text(), end="")
             # Removed after Fini: Init starts a new file.
             fini()
             os.unlink(MAP)
@@ -269,37 +276,44 @@ class WriteEntryTests(CapiTestCase):
 
     @unittest.skipUnless(hasattr(signal, "SIGXFSZ"), "needs RLIMIT_FSIZE")
     def test_write_cut_short(self):
-        # A write that stops inside the line is undone: an error, and the
-        # map keeps whole lines; later writes go on.
-        result = self.run_capi("""
+        # The map cannot grow (RLIMIT_FSIZE: the next write past the
+        # limit is cut short): an error, the lines already there stay
+        # whole, and writes go on once it can.
+        result = self.run_capi(f"""
             import resource, signal
             signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
             print(write(0x1000, 0x10, "py::first:<jit>"))
             soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
             resource.setrlimit(resource.RLIMIT_FSIZE,
                                (os.path.getsize(MAP) + 10, hard))
-            print(write(0x2000, 0x10, "py::cut:<jit>"))
+            results = [write(0x2000 + i, 0x10, f"py::cut_{{i}}:<jit>")
+                       for i in range(2000)]
+            print(sorted(set(results)), results.index((-1, {errno.EFBIG})))
             resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
             print(write(0x3000, 0x10, "py::third:<jit>"))
             """)
-        self.assertEqual(result.stdout.splitlines(),
-                         ["(0, 0)", f"(-1, {errno.EFBIG})", "(0, 0)"])
+        lines = result.stdout.splitlines()
+        written = int(lines[1].split()[-1])
+        self.assertEqual(lines, [
+            "(0, 0)",
+            f"[(-1, {errno.EFBIG}), (0, 0)] {written}",
+            "(0, 0)"])
         self.assertEqual(self.assertMapWellFormed(result.pid), [
             MapEntry(0x1000, 0x10, "py::first:<jit>"),
+            *[MapEntry(0x2000 + i, 0x10, f"py::cut_{i}:<jit>")
+              for i in range(written)],
             MapEntry(0x3000, 0x10, "py::third:<jit>")])
 
     def test_written_at_once_during_startup(self):
-        # sitecustomize runs while the interpreter gathers its own lines to
-        # write them when startup ends: an API entry is written at once,
-        # after the lines gathered before it.
+        # sitecustomize runs during startup: an API entry joins the
+        # trampolines' lines, after those made before it.
         with open(os.path.join(self.tmpdir, "sitecustomize.py"), "w") as f:
             f.write(PRELUDE + f"""
 def in_site():
     return 1
 in_site()
 print("site", write({JIT_BASE:#x}, 0x10, "py::from_site:<jit>"))
-with open(MAP) as f:
-    text = f.read()
+text = map_text()
 print("site", text.index("py::in_site:") < text.index("py::from_site:"),
       text.endswith("\\n"))
 """)

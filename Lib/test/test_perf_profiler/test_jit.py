@@ -891,6 +891,37 @@ class JitdumpTests(UnwindCheck, JitTestCase):
         self.assertEqual(child_dumps, [jitdump_path(child)])
         return pid, child, size, os.path.join(self.tmpdir, "script.py")
 
+    def test_exec_keeps_the_dump(self):
+        # A launcher that execs another interpreter with the same pid: the
+        # dump keeps the image before's records, the new image's follow
+        # them (no second header), with code indexes not used before.
+        code = ("def after_exec():\n    return 1\n"
+                "after_exec()\nprint('ran')")
+        source = script(f"""\
+            print(os.getpid())
+            top(10, 2)
+            sys.stdout.flush()
+            os.execv(sys.executable,
+                     [sys.executable, "-X", "perf_jit", "-c", {code!r}])
+        """)
+        pid, lines = self.run_nofp(source, "-X", "perf_jit")
+        self.assertEqual(lines, ["ran"])
+        path = os.path.join(self.tmpdir, "script.py")
+        header, records = read_jitdump(pid)
+        self.assertEqual(header.pid, pid)
+        loads = [r for r in records if isinstance(r, CodeLoad)]
+        names = [r.name for r in loads]
+        self.assertIn(f"py::leaf:{path}", names)
+        self.assertEqual(names.count("py::after_exec:<string>"), 1)
+        after = names.index("py::after_exec:<string>")
+        self.assertLess(names.index(f"py::leaf:{path}"), after)
+        indexes = [r.code_index for r in loads]
+        self.assertEqual(len(set(indexes)), len(indexes))
+        self.assertGreater(min(indexes[after:]), max(indexes[:after]))
+        self.assertTrue(all(r.pid == pid for r in loads))
+        stamps = [header.timestamp] + [r.timestamp for r in records]
+        self.assertEqual(stamps, sorted(stamps))
+
     def test_fork(self):
         pid, child, size, path = self.run_fork()
         _, parent_records = read_jitdump(pid)

@@ -9,6 +9,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import stat
 import struct
 import subprocess
@@ -20,7 +21,8 @@ import unittest
 
 from test import support
 from test.test_perf_profiler.util import (
-    GDB_FRAME_RE, GDB_OPTIONS, PYTHON_FRAME_RECORDS, TIMEOUT, PerfTestCase,
+    GDB_FRAME_RE, GDB_OPTIONS, MAP_LINE_RE, PYTHON_FRAME_RECORDS, TIMEOUT,
+    PerfTestCase,
     clean_env, gdb_available, gdb_backtrace, map_path, needs_host,
     parse_map, perf_record_works, read_map, record_samples,
     skip_environment, target_command, write_script)
@@ -575,6 +577,7 @@ class MapFileTests(PerfTestCase):
                 f.write("deadbeef 10 py::stale:/old.py\\n" * 100)
                 f.write("half a line")
             os.chmod(path, 0o644)
+            os.utime(path, (1, 1))      # older than this process
             sys.activate_stack_trampoline("perf")
             def fresh():
                 return 1
@@ -593,8 +596,10 @@ class MapFileTests(PerfTestCase):
         # interpreter it then becomes.
         result = self.run_script("""\
             import os, sys
-            with open(f"/tmp/perf-{os.getpid()}.map", "w") as f:
+            path = f"/tmp/perf-{os.getpid()}.map"
+            with open(path, "w") as f:
                 f.write("not a map line at all\\n" * 100)
+            os.utime(path, (1, 1))      # older than this process
             code = "def fresh(): return 1\\nfresh()\\nprint('ran')"
             os.execv(sys.executable,
                      [sys.executable, "-X", "perf", "-c", code])
@@ -680,8 +685,8 @@ class MapFileTests(PerfTestCase):
 
 
 class MapWriteTests(PerfTestCase):
-    """New lines wait in memory and are written many at a time, at the
-    latest when the program blocks, keeps running Python code, or exits."""
+    """Every line is in the file before its trampoline first runs, without
+    a system call of its own, and readers never see a torn one."""
 
     def start(self, source):
         """Start `source` with -X perf; return the process (killed at the
@@ -798,6 +803,129 @@ class MapWriteTests(PerfTestCase):
             last_new_function()
             c_exit(7)
             """)
+
+
+    # The process dies in `last`, called from `middle`, called from
+    # `first`, right after their first calls, and nothing in between lets
+    # the GIL go: their lines were written when they were made, or never.
+    DIES = """\
+        import faulthandler, os, signal, sys
+
+        def last():
+            {die}
+
+        def middle():
+            last()
+
+        def first():
+            middle()
+
+        first()
+        """
+
+    def check_named_after(self, die, returncode):
+        result = self.run_script(self.DIES.format(die=die),
+                                 python_args=["-X", "perf"], check=False)
+        self.assertEqual(result.returncode, returncode, result.stderr)
+        names = result.script_names()
+        for name in ("first", "middle", "last"):
+            self.assertEqual(names.count(name), 1, names)
+        return result
+
+    def test_named_after_sigkill(self):
+        self.check_named_after("os.kill(os.getpid(), signal.SIGKILL)",
+                               -signal.SIGKILL)
+
+    def test_named_after_abort(self):
+        self.check_named_after("os.abort()", -signal.SIGABRT)
+
+    def test_named_after_segfault(self):
+        self.check_named_after("faulthandler._sigsegv()", -signal.SIGSEGV)
+
+    def test_named_after_exec(self):
+        # A launcher that execs the real program (with the same pid): the
+        # map keeps what the image before wrote and goes on after it.
+        code = "def after_exec():\n    pass\nafter_exec()\nprint('ran')"
+        result = self.check_named_after(
+            "os.execv(sys.executable, [sys.executable, '-X', 'perf', "
+            f"'-c', {code!r}])", 0)
+        self.assertEqual(result.stdout, "ran\n")
+        symbols = [e.symbol for e in result.map_entries()]
+        self.assertEqual(symbols.count("py::after_exec:<string>"), 1)
+        self.assertLess(symbols.index(f"py::last:{result.path}"),
+                        symbols.index("py::after_exec:<string>"))
+        self.assertNotIn(b"\0", self.map_bytes(result.pid))
+
+    def test_exit_leaves_lines_only(self):
+        # The NULs a map is grown with are cut off at exit.
+        result = self.run_script("def f():\n    pass\nf()\n",
+                                 python_args=["-X", "perf"])
+        data = self.map_bytes(result.pid)
+        self.assertTrue(data.endswith(b"\n"), data[-100:])
+        self.assertNotIn(b"\0", data)
+        self.assertIn("f", result.script_names())
+
+    def map_bytes(self, pid):
+        with open(map_path(pid), "rb") as f:
+            return f.read()
+
+    def test_reader_never_sees_a_torn_line(self):
+        # 8 threads make new functions while this process reads the map
+        # over and over.  Every line a read holds, but for the NULs at the
+        # end and a line being written (they start with NUL), is one the
+        # finished map holds too, at the same address.
+        threads, per_thread = 8, 1500
+        proc = self.start(f"""\
+            import sys, threading
+            go = threading.Event()
+            def storm(k):
+                go.wait()
+                for i in range({per_thread}):
+                    ns = {{}}
+                    exec(f"def t{{k}}_f{{i}}():\\n    return {{i}}", ns)
+                    ns[f"t{{k}}_f{{i}}"]()
+            threads = [threading.Thread(target=storm, args=(k,))
+                       for k in range({threads})]
+            for t in threads:
+                t.start()
+            sys.stdin.readline()
+            go.set()
+            for t in threads:
+                t.join()
+            """)
+        path = map_path(proc.pid)
+        self.wait_for_names(proc.pid, ["storm"])
+        proc.stdin.write(b"go\n")
+        proc.stdin.flush()
+        seen = {}
+        partial_reads = 0
+        while True:
+            done = proc.poll() is not None
+            with open(path, "rb") as f:
+                data = f.read()
+            *lines, rest = data.split(b"\n")
+            self.assertTrue(not rest or rest.startswith(b"\0"), rest[:100])
+            storm_lines = 0
+            for line in lines:
+                if line.startswith(b"\0"):
+                    continue
+                match = MAP_LINE_RE.match(line.decode())
+                self.assertIsNotNone(match, line)
+                start, _, symbol = match.groups()
+                self.assertEqual(seen.setdefault(start, symbol), symbol)
+                storm_lines += symbol.startswith("py::t")
+            if 0 < storm_lines < threads * per_thread:
+                partial_reads += 1
+            if done:
+                break
+        self.assertEqual(proc.returncode, 0)
+        final = {f"{e.start:x}": e.symbol for e in read_map(proc.pid)}
+        self.assertEqual(final, final | seen)
+        self.assertEqual(sum(symbol.startswith("py::t")
+                             for symbol in final.values()),
+                         threads * per_thread)
+        # The reads overlapped the writes.
+        self.assertGreater(partial_reads, 0)
 
 
 class ForkTests(PerfTestCase):
@@ -2243,11 +2371,12 @@ class PerfRecordTests(PerfTestCase):
         if reason:
             skip_environment(reason)
 
-    def record(self, source, python_args=()):
+    def record(self, source, python_args=(), returncode=0):
         path = write_script(self.tmpdir, source)
         record, samples = record_samples(
-            [sys.executable, *python_args, path], self.tmpdir)
-        self.assertEqual(record.returncode, 0, record.stderr)
+            [sys.executable, *python_args, path], self.tmpdir,
+            check=returncode == 0)
+        self.assertEqual(record.returncode, returncode, record.stderr)
         pids = {int(s.header.split()[0]) for s in samples
                 if s.header.split()[0].isdigit()}
         for pid in pids:
@@ -2305,6 +2434,18 @@ class PerfRecordTests(PerfTestCase):
                 t += middle(150000)
             return t
         """
+
+    def test_killed_process_chain(self):
+        # The map of a process killed outright ends in the NULs it was
+        # grown with: perf reads the names before them all the same.
+        # (perf record passes the command's death on: it kills itself.)
+        path, samples = self.record(
+            textwrap.dedent(self.HOT) + "import os, signal\n"
+            "top()\n"
+            "os.kill(os.getpid(), signal.SIGKILL)\n",
+            ["-X", "perf"], returncode=-signal.SIGKILL)
+        self.assertChains(samples, path,
+                          ["leaf", "middle", "top", "<module>"])
 
     def test_xoption_fast_path_chain(self):
         path, samples = self.record(self.HOT + "top()\n", ["-X", "perf"])

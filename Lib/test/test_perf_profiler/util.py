@@ -166,15 +166,19 @@ def jitdump_path(pid):
 def parse_map(text):
     """Parse the text of a perf map into a list of MapEntry, in file order.
 
-    Raises ValueError naming the first line that is not exactly
-    "<hex> <hex> py::<name>" (an empty file is an empty list; the last
-    line must end with a newline: lines are written whole).
+    A running or killed process's map ends in NULs after its last line
+    (Python/perf_map.c), and a line still starting with NUL is one being
+    written: both are left out, as readers do.  Raises ValueError naming
+    the first other line that is not exactly "<hex> <hex> py::<name>"
+    with its newline (lines are written whole).
     """
-    if text and not text.endswith("\n"):
-        raise ValueError(f"perf map does not end with a newline: "
-                         f"{text[-80:]!r}")
+    *lines, rest = text.split("\n")
+    if rest and not rest.startswith("\0"):
+        raise ValueError(f"perf map ends in a partial line: {rest[:80]!r}")
     entries = []
-    for number, line in enumerate(text.splitlines(), 1):
+    for number, line in enumerate(lines, 1):
+        if line.startswith("\0"):
+            continue
         match = MAP_LINE_RE.match(line)
         if match is None:
             raise ValueError(f"malformed perf map line {number}: {line!r}")
@@ -463,13 +467,15 @@ def perf_record_works():
 
 
 def record_samples(args, directory, *, env=None, timeout=TIMEOUT,
-                   options=()):
+                   options=(), check=True):
     """Run `args` under perf record -g (with `options`, e.g. ("-p", PID)
     to record a running process while `args` runs); return
     (CompletedProcess, samples).
 
     perf.data is written to `directory`.  The CompletedProcess is that of
-    perf record (the command's own output passes through it).
+    perf record (the command's own output passes through it).  With
+    check=True, no samples are read if perf record failed (it also fails
+    with the status of a command that did).
     """
     data = os.path.join(directory, "perf.data")
     record = subprocess.run(
@@ -477,7 +483,7 @@ def record_samples(args, directory, *, env=None, timeout=TIMEOUT,
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         errors="backslashreplace", env=clean_env() if env is None else env,
         cwd=directory, timeout=timeout)
-    if record.returncode != 0:
+    if check and record.returncode != 0:
         return record, []
     script = subprocess.run(
         ["perf", "script", "-i", data, "-F", "pid,ip,sym"],
