@@ -688,8 +688,9 @@ activate(PyThreadState *tstate, const char *name)
     PyInterpreterState *interp = tstate->interp;
     const _PyPerf_Backend *backend = find_backend(name);
     if (backend == NULL) {
+        /* Upstream's words first: code written for 3.12 matches them. */
         PyErr_Format(PyExc_ValueError,
-                     "unknown perf trampoline backend '%s' (choose from %s)",
+                     "invalid backend: %s (perf trampoline backends: %s)",
                      name, BACKEND_NAMES);
         return -1;
     }
@@ -996,8 +997,8 @@ int
 _PyPerf_Activate(PyThreadState *tstate, const char *name)
 {
     PyErr_Format(PyExc_ValueError,
-                 "perf trampolines ('%s') are not available: this Python "
-                 "was built without them", name);
+                 "perf trampoline not available: this Python was built "
+                 "without perf trampolines (backend '%s')", name);
     return -1;
 }
 

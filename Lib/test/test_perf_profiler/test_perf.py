@@ -419,7 +419,7 @@ class SysApiTests(PerfTestCase):
         self.assertEqual(len(lines), 5, result.stdout)
         for line, backend in zip(lines, ("nope", "", "PERF", "perf ")):
             self.assertTrue(line.startswith(
-                f"ValueError unknown perf trampoline backend '{backend}'"),
+                f"ValueError invalid backend: {backend} "),
                 line)
             self.assertIn("'perf'", line)
         self.assertEqual(lines[-1], "False")
