@@ -25,8 +25,12 @@ The API, in the order a test usually needs it:
   Python call chain only.
 * ProfilerFiles: the snapshot/cleanup logic PerfTestCase uses, for tests
   that need it on its own.
+* tmp_files_lock(): keeps PerfTestCase's tests and upstream's (which
+  remove every new perf map in /tmp) from running at the same time.
 """
 
+import contextlib
+import fcntl
 import functools
 import glob
 import os
@@ -349,12 +353,35 @@ class ProfilerFiles:
                 pass
 
 
+# Held shared by each PerfTestCase test, exclusive by test_upstream while
+# upstream's tests run: their tearDown removes every perf map that
+# appeared meanwhile, whoever made it (make test runs two modules at once).
+LOCK_PATH = "/tmp/perf-tests.lock"
+
+
+@contextlib.contextmanager
+def tmp_files_lock(exclusive=False):
+    """Hold LOCK_PATH (best effort: unlocked if it cannot be opened)."""
+    try:
+        fd = os.open(LOCK_PATH, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC
+                     | os.O_NOFOLLOW, 0o666)
+    except OSError:
+        yield
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        yield
+    finally:
+        os.close(fd)        # releases the lock
+
+
 @support.requires_subprocess()
 class PerfTestCase(unittest.TestCase):
     """Base class: a fresh directory and /tmp cleanup for every test."""
 
     def setUp(self):
         super().setUp()
+        self.enterContext(tmp_files_lock())
         self.tmpdir = os.path.realpath(tempfile.mkdtemp(prefix="perftest-"))
         self.addCleanup(shutil.rmtree, self.tmpdir, ignore_errors=True)
         self.files = ProfilerFiles(markers=[self.tmpdir])
