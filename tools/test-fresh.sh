@@ -10,7 +10,8 @@
 # - Inside it: the apt sources a Debian 12 install has (release, updates,
 #   security), then only the README's prerequisites (git, make,
 #   ca-certificates), then a clone of this repository's committed HEAD
-#   (uncommitted changes are not part of the test).
+#   (uncommitted changes are not part of the test), and upstream's perf
+#   test files from this machine's pyenv, if it has them.
 # - `make demo` and `make test` run in it through chroot with /proc, /sys
 #   and /dev mounted, as root, with a minimal environment (CI and
 #   PERF_TESTS_REQUIRED are passed on).
@@ -151,6 +152,16 @@ head=$(git -C "$ROOT" rev-parse HEAD)
 say "cloning $ROOT at ${head:0:12} into the root"
 git clone -q --no-hardlinks "$ROOT" "$CHROOT$SRC"
 git -C "$CHROOT$SRC" checkout -q --detach "$head"
+# Upstream CPython's own perf tests, which test_upstream runs unchanged,
+# where this machine has them (pyenv's 3.12.1 and 3.13.0): their test
+# files alone, at the same place under the root's ~/.pyenv.
+pyenv_root=${PYENV_ROOT:-$HOME/.pyenv}
+for f in "$pyenv_root"/versions/3.1[23].*/lib/python3.1[23]/test/test_perf{_profiler,maps}.py; do
+    [ -f "$f" ] || continue
+    dest=$CHROOT/root/.pyenv/${f#"$pyenv_root"/}
+    mkdir -p "$(dirname "$dest")"
+    cp "$f" "$dest"
+done
 
 # Each command runs in the background and is waited for: bash runs a trap
 # only between commands, and `wait` is the one a signal cuts short, so
