@@ -140,6 +140,9 @@ static const struct {
 struct _PyPerf_Interp {
     int64_t interp_id;
     const _PyPerf_Backend *backend;     /* active backend, NULL if none */
+    /* Another PEP 523 function, run by the trampolines in our place (see
+       "Other frame evaluation functions"), or NULL. */
+    _PyFrameEvalFunction chained;
     /* co_extra index per backend (each backend's trampolines are described
        in its own output), -1 until requested */
     Py_ssize_t extra_index[BACKEND_COUNT];
@@ -474,6 +477,96 @@ _PyPerf_EvalFrame(PyThreadState *tstate, _PyInterpreterFrame *frame,
 }
 
 /* ----------------------------------------------------------------------
+ * Other frame evaluation functions
+ *
+ * Tools install PEP 523 functions of their own (torch.compile's frame
+ * evaluator, debuggers, _testinternalcapi.set_eval_frame_record) with
+ * _PyInterpreterState_SetEvalFrameFunc(), which would replace ours and
+ * switch perf off without a word.  Instead, while trampolines are active
+ * in an interpreter, pystate.c hands the function to us: each frame still
+ * runs through its trampoline, which calls the other function where it
+ * would call the evaluator:
+ *
+ *     _PyPerf_EvalFrameChained -> trampoline -> other function
+ *                                 (py::name)    -> _PyEval_EvalFrameDefault
+ *
+ * and the interpreter's hook is _PyPerf_EvalFrameChained, not
+ * _PyPerf_EvalFrame, so ceval.c's fast path is off (_PyPerf_IS_INSTALLED):
+ * calls are neither inlined nor specialized, as in stock 3.11 with that
+ * function installed, and it sees the same frames in the same order.
+ * _PyInterpreterState_GetEvalFrameFunc() returns the other function (or
+ * the default one), never ours: a tool that saves it and calls it, or
+ * installs it again later, never reaches our hook through it.  Setting
+ * the default function back restores our fast path; deactivating us
+ * leaves the other function installed.
+ */
+
+static int
+is_ours(_PyFrameEvalFunction eval_frame)
+{
+    return (eval_frame == _PyPerf_EvalFrame
+            || eval_frame == _PyPerf_EvalFrameChained);
+}
+
+/* Install our hook in `interp` (active in `pi`), around `other` (NULL:
+   none, the fast path). */
+static void
+set_hook(PyInterpreterState *interp, perf_interp *pi,
+         _PyFrameEvalFunction other)
+{
+    if (other == _PyEval_EvalFrameDefault || is_ours(other)) {
+        other = NULL;
+    }
+    pi->chained = other;
+    interp->eval_frame = (other == NULL ? _PyPerf_EvalFrame
+                                        : _PyPerf_EvalFrameChained);
+}
+
+PyObject *
+_PyPerf_EvalFrameChained(PyThreadState *tstate, _PyInterpreterFrame *frame,
+                         int throwflag)
+{
+    perf_interp *pi = find_interp(tstate->interp);
+    _PyFrameEvalFunction next = _PyEval_EvalFrameDefault;
+    if (pi != NULL && pi->chained != NULL) {
+        next = pi->chained;
+    }
+    _PyPerf_Trampoline t = trampoline_for_slow(tstate->interp,
+                                               frame->f_code);
+    if (t == NULL) {
+        return next(tstate, frame, throwflag);
+    }
+    return t(tstate, frame, throwflag, next);
+}
+
+_PyFrameEvalFunction
+_PyPerf_OtherEvalFrame(PyInterpreterState *interp)
+{
+    if (interp->eval_frame == _PyPerf_EvalFrame) {
+        return NULL;
+    }
+    if (interp->eval_frame == _PyPerf_EvalFrameChained) {
+        perf_interp *pi = find_interp(interp);
+        return pi != NULL ? pi->chained : NULL;
+    }
+    return interp->eval_frame;
+}
+
+int
+_PyPerf_ChainEvalFrame(PyInterpreterState *interp,
+                       _PyFrameEvalFunction eval_frame)
+{
+    perf_interp *pi;
+    if (!is_ours(interp->eval_frame)
+        || (pi = find_interp(interp)) == NULL || pi->backend == NULL)
+    {
+        return 0;
+    }
+    set_hook(interp, pi, eval_frame);
+    return 1;
+}
+
+/* ----------------------------------------------------------------------
  * The fast path's C stack budget
  *
  * 3.11 runs Python-to-Python calls without using the C stack.  The fast
@@ -676,6 +769,7 @@ add_interp(PyInterpreterState *interp)
     _PyPerf_core.interp_count = n;
     pi->interp_id = interp->id;
     pi->backend = NULL;
+    pi->chained = NULL;
     for (int i = 0; i < (int)Py_ARRAY_LENGTH(pi->extra_index); i++) {
         pi->extra_index[i] = -1;
     }
@@ -692,15 +786,6 @@ activate(PyThreadState *tstate, const char *name)
         PyErr_Format(PyExc_ValueError,
                      "invalid backend: %s (perf trampoline backends: %s)",
                      name, BACKEND_NAMES);
-        return -1;
-    }
-    if (interp->eval_frame != NULL
-        && interp->eval_frame != _PyPerf_EvalFrame)
-    {
-        PyErr_SetString(PyExc_RuntimeError,
-                        "perf trampolines cannot be switched on while "
-                        "another frame evaluation function (PEP 523) is "
-                        "installed");
         return -1;
     }
     if (init_arenas() < 0) {
@@ -741,12 +826,14 @@ activate(PyThreadState *tstate, const char *name)
     if (backend->fini != NULL) {
         pthread_once(&at_exit_once, register_at_exit);
     }
+    /* Another function installed before us is wrapped. */
+    _PyFrameEvalFunction other = _PyPerf_OtherEvalFrame(interp);
     pi->backend = backend;
     if (interp->id == 0) {
         _PyPerf_core.main_index = pi->extra_index[b];
         _PyPerf_remote.active = b + 1;
     }
-    _PyInterpreterState_SetEvalFrameFunc(interp, _PyPerf_EvalFrame);
+    set_hook(interp, pi, other);
     return 0;
 }
 
@@ -760,13 +847,15 @@ int
 _PyPerf_Deactivate(PyThreadState *tstate)
 {
     PyInterpreterState *interp = tstate->interp;
-    /* Only unhook: frames may still be running inside trampolines. */
-    if (interp->eval_frame == _PyPerf_EvalFrame) {
-        _PyInterpreterState_SetEvalFrameFunc(interp, NULL);
+    /* Only unhook: frames may still be running inside trampolines.  A
+       function we wrapped stays. */
+    if (is_ours(interp->eval_frame)) {
+        interp->eval_frame = _PyPerf_OtherEvalFrame(interp);
     }
     perf_interp *pi = find_interp(interp);
     if (pi != NULL) {
         pi->backend = NULL;
+        pi->chained = NULL;
     }
     if (interp->id == 0) {
         _PyPerf_core.main_index = -1;
@@ -778,7 +867,7 @@ _PyPerf_Deactivate(PyThreadState *tstate)
 int
 _PyPerf_IsActive(PyThreadState *tstate)
 {
-    return tstate->interp->eval_frame == _PyPerf_EvalFrame;
+    return is_ours(tstate->interp->eval_frame);
 }
 
 void
@@ -895,7 +984,7 @@ request_error(PyObject *exc)
     if (PyErr_GivenExceptionMatches(exc, PyExc_ValueError)) {
         return EINVAL;          /* a backend this build does not have */
     }
-    return EBUSY;               /* another PEP 523 hook, no co_extra left */
+    return EBUSY;               /* no co_extra index left */
 }
 
 /* Act on the tool's request: switch the main interpreter's trampolines as
@@ -1039,6 +1128,19 @@ PyUnstable_PerfTrampoline_CompileCode(PyCodeObject *co)
 
 int
 PyUnstable_PerfTrampoline_SetPersistAfterFork(int enable)
+{
+    return 0;
+}
+
+_PyFrameEvalFunction
+_PyPerf_OtherEvalFrame(PyInterpreterState *interp)
+{
+    return interp->eval_frame;
+}
+
+int
+_PyPerf_ChainEvalFrame(PyInterpreterState *interp,
+                       _PyFrameEvalFunction eval_frame)
 {
     return 0;
 }

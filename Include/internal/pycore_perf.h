@@ -65,6 +65,15 @@ extern int _PyPerf_Activate(PyThreadState *tstate, const char *backend);
 extern int _PyPerf_Deactivate(PyThreadState *tstate);
 extern int _PyPerf_IsActive(PyThreadState *tstate);
 extern PyStatus _PyPerf_InitFromConfig(PyThreadState *tstate);
+/* _PyInterpreterState_Get/SetEvalFrameFunc() (Python/pystate.c): the
+   frame evaluation function installed besides ours (NULL: the default
+   one), and installing one (NULL: the default) where trampolines are
+   active, which chains it behind them; 0 if they are not active there,
+   for the caller to install it itself. */
+extern _PyFrameEvalFunction _PyPerf_OtherEvalFrame(
+    PyInterpreterState *interp);
+extern int _PyPerf_ChainEvalFrame(PyInterpreterState *interp,
+                                  _PyFrameEvalFunction eval_frame);
 extern void _PyPerf_FiniInterp(PyInterpreterState *interp);
 extern void _PyPerf_AfterForkChild(PyThreadState *tstate);
 /* In a forked child that will exec (_posixsubprocess with preexec_fn):
@@ -202,6 +211,9 @@ typedef struct {
 extern _PyPerf_TLS _PyPerf_Stack _PyPerf_stack;
 
 extern PyObject *_PyPerf_EvalFrame(
+    PyThreadState *tstate, struct _PyInterpreterFrame *frame, int throwflag);
+/* The hook while another PEP 523 function is chained behind ours. */
+extern PyObject *_PyPerf_EvalFrameChained(
     PyThreadState *tstate, struct _PyInterpreterFrame *frame, int throwflag);
 extern _PyPerf_Trampoline _PyPerf_ForCallSlow(
     PyThreadState *tstate, PyCodeObject *co, uintptr_t sp);

@@ -505,23 +505,112 @@ class SysApiTests(PerfTestCase):
         self.assertEqual(result.stdout,
                          "True 50\nFalse 50\n50 False\nunwound True\n")
 
-    def test_another_eval_frame_hook(self):
-        result = self.run_script("""\
-            import sys
-            import _testinternalcapi
-            _testinternalcapi.set_eval_frame_record([])
+class OtherEvalFrameTests(PerfTestCase):
+    """Another PEP 523 function installed beside ours is chained behind
+    the trampolines: it sees the frames it sees without perf, and perf
+    still names them."""
+
+    WORK = """\
+        import sys, _testinternalcapi
+
+        def leaf(n):
+            return n + 1
+
+        def middle(n):
+            return leaf(n) * 2
+
+        class C:
+            def m(self, x):
+                return middle(x)
+
+        def gen(n):
+            for i in range(n):
+                yield middle(i)
+
+        def work():
+            out = [C().m(1), sum(gen(3)), [middle(i) for i in range(2)]]
             try:
-                sys.activate_stack_trampoline("perf")
-            except RuntimeError as exc:
-                print("RuntimeError", exc)
-            _testinternalcapi.set_eval_frame_default()
+                leaf(None)
+            except TypeError:
+                out.append("raised")
+            return out
+
+        def recorded(call):
+            names = []
+            _testinternalcapi.set_eval_frame_record(names)
+            try:
+                result = call()
+            finally:
+                _testinternalcapi.set_eval_frame_default()
+            return result, names
+        """
+
+    def script(self, body):
+        return textwrap.dedent(self.WORK) + textwrap.dedent(body)
+
+    def test_same_frames_as_without_perf(self):
+        source = self.script("""\
+            print(recorded(work))
             print(sys.is_stack_trampoline_active())
             """)
-        self.assertEqual(
-            result.stdout,
-            "RuntimeError perf trampolines cannot be switched on while "
-            "another frame evaluation function (PEP 523) is installed\n"
-            "False\n")
+        off = self.run_script(source, python_args=["-X", "perf=0"])
+        self.assertIn("'gen', 'middle', 'leaf'", off.stdout)
+        on = self.run_script(source, python_args=["-X", "perf"])
+        self.assertEqual(on.stdout, off.stdout.replace("False", "True"))
+        # First called while the other function was installed: named.
+        names = on.script_names()
+        for name in ("work", "C.m", "middle", "leaf", "gen"):
+            self.assertIn(name, names)
+
+    @unittest.skipUnless(
+        sysconfig.get_config_var("PY_HAVE_PERF_JIT_TRAMPOLINE"),
+        "built without perf_jit")
+    def test_same_frames_as_without_perf_jit(self):
+        source = self.script("""\
+            print(recorded(work))
+            print(sys.is_stack_trampoline_active())
+            """)
+        off = self.run_script(source, python_args=["-X", "perf=0"])
+        on = self.run_script(source, python_args=["-X", "perf_jit"])
+        self.assertEqual(on.stdout, off.stdout.replace("False", "True"))
+
+    def test_switches_in_every_order(self):
+        result = self.run_script(self.script("""\
+            def step(label):
+                print(label, sys.is_stack_trampoline_active(),
+                      recorded(lambda: middle(1))[1])
+
+            step("off")
+            names = []
+            _testinternalcapi.set_eval_frame_record(names)
+            sys.activate_stack_trampoline("perf")      # wraps it
+            middle(1)
+            print("wrapped", sys.is_stack_trampoline_active(), names)
+            _testinternalcapi.set_eval_frame_default()  # ours again
+            step("default")
+            names = []
+            _testinternalcapi.set_eval_frame_record(names)
+            sys.deactivate_stack_trampoline()          # it stays
+            middle(1)
+            print("deactivated", sys.is_stack_trampoline_active(), names)
+            _testinternalcapi.set_eval_frame_default()
+            middle(1)
+            print("removed", sys.is_stack_trampoline_active(), names)
+            sys.activate_stack_trampoline("perf")
+            step("on")
+            """), python_args=["-X", "perf=0"])
+        calls = "['<lambda>', 'middle', 'leaf']"
+        self.assertEqual(result.stdout.splitlines(), [
+            f"off False {calls}",
+            "wrapped True ['middle', 'leaf']",
+            f"default True {calls}",
+            "deactivated False ['middle', 'leaf']",
+            "removed False ['middle', 'leaf']",
+            f"on True {calls}",
+        ])
+        names = result.script_names()
+        self.assertIn("middle", names)
+        self.assertIn("leaf", names)
 
 
 class MapFileTests(PerfTestCase):
@@ -2446,6 +2535,18 @@ class PerfRecordTests(PerfTestCase):
             ["-X", "perf"], returncode=-signal.SIGKILL)
         self.assertChains(samples, path,
                           ["leaf", "middle", "top", "<module>"])
+
+    def test_other_eval_frame_function_chain(self):
+        # Another PEP 523 function chained behind ours: calls go through
+        # _PyEval_Vector, as in stock 3.11 with that function installed,
+        # and perf still names every Python frame.
+        path, samples = self.record(
+            textwrap.dedent(self.HOT) + "import _testinternalcapi\n"
+            "_testinternalcapi.set_eval_frame_record([])\n"
+            "top()\n", ["-X", "perf"])
+        self.assertChains(samples, path,
+                          ["leaf", "middle", "top", "<module>"],
+                          between={k: "_PyEval_Vector" for k in range(3)})
 
     def test_xoption_fast_path_chain(self):
         path, samples = self.record(self.HOT + "top()\n", ["-X", "perf"])
