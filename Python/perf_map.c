@@ -277,6 +277,25 @@ reserve(off_t end)
     return 0;
 }
 
+/* Cut the fill off the end of the file, and the window with it: no
+   mapping may reach past the new end.  errno is kept on success. */
+static int
+cut_fill(void)
+{
+    unmap_window();
+    if (perfmap.allocated > perfmap.file.size) {
+        int saved = errno;
+        if (_PyPerf_FileReopen(&perfmap.file) < 0
+            || ftruncate(perfmap.file.fd, perfmap.file.size) < 0)
+        {
+            return -1;
+        }
+        perfmap.allocated = perfmap.file.size;
+        errno = saved;
+    }
+    return 0;
+}
+
 /* Append the line of `size` bytes at `line` (ending with a newline) to
    the file (see the top of this file). */
 static int
@@ -288,7 +307,14 @@ put_line(const char *line, size_t size)
     }
     off_t end = perfmap.file.size + (off_t)size;
     if (reserve(end) < 0) {
-        return -1;
+        if (errno != ENOMEM || cut_fill() < 0) {
+            return -1;
+        }
+        /* No address space for a window (RLIMIT_AS): a system call a
+           line from now on, after the whole lines, never into the fill,
+           where a reader could see a line being written. */
+        perfmap.mappable = 0;
+        return _PyPerf_FileAppend(&perfmap.file, line, size);
     }
     char *to = perfmap.window + (perfmap.file.size - perfmap.window_offset);
     assert(to[0] == '\0');
@@ -590,15 +616,8 @@ perfmap_fini(void)
         return;
     }
     int saved = errno;
-    if (perfmap.file.path[0] != '\0' && !perfmap.inherited
-        && perfmap.allocated > perfmap.file.size
-        && _PyPerf_FileReopen(&perfmap.file) == 0)
-    {
-        /* No mapping may reach past the new end. */
-        unmap_window();
-        if (ftruncate(perfmap.file.fd, perfmap.file.size) == 0) {
-            perfmap.allocated = perfmap.file.size;
-        }
+    if (perfmap.file.path[0] != '\0' && !perfmap.inherited) {
+        (void)cut_fill();
     }
     errno = saved;
     unlock_map();

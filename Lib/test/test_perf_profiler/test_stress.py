@@ -1638,6 +1638,34 @@ class MapFaultTests(StressTestCase):
         lines = self.map_lines(result.pid)
         self.assertUniqueAddresses(parse_lines(lines))
 
+    def test_no_address_space_for_the_map(self):
+        # RLIMIT_AS leaves no room to map the file: the lines are written
+        # with a system call each, after the whole lines (no NULs left
+        # in the file), and nothing is said.
+        result = self.run_script("""
+            import os, re, resource, sys
+
+            with open("/proc/self/status") as f:
+                size = int(re.search(r"VmSize:\\s+(\\d+)", f.read())[1])
+            hard = resource.getrlimit(resource.RLIMIT_AS)[1]
+            resource.setrlimit(resource.RLIMIT_AS,
+                               (size * 1024 + 512 * 1024, hard))
+            sys.activate_stack_trampoline("perf")
+            def first():
+                return 1
+            first()
+            def second():
+                return 2
+            second()
+            with open(f"/tmp/perf-{os.getpid()}.map", "rb") as f:
+                data = f.read()
+            print(data.count(b" py::first:"), data.count(b" py::second:"),
+                  b"\\0" in data)
+            """)
+        self.assertEqual(result.stdout, "1 1 False\n")
+        self.assertEqual(result.stderr, "")
+        self.map_lines(result.pid)      # well-formed
+
     def test_read_only_tmp(self):
         source = workload()
         plain = self.run_script(source)
