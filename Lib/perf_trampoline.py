@@ -1,33 +1,54 @@
 """Switch perf trampolines on or off in a Python process that is running.
 
-    python3.11 -m perf_trampoline attach PID [--backend perf|perf_jit]
-    python3.11 -m perf_trampoline detach PID
-    python3.11 -m perf_trampoline status PID
+    python3.11 -I -m perf_trampoline attach PID [--backend perf|perf_jit]
+    python3.11 -I -m perf_trampoline detach PID
+    python3.11 -I -m perf_trampoline status PID
+
+Run it as root with -I (isolated mode): without it, `python -m` puts the
+current directory first on sys.path, and a module there would run as root.
 
 The target must be this patched CPython 3.11 (any build with perf
 trampolines; it need not have been started with -X perf).  Nothing runs
-inside it on our behalf at an arbitrary point: gdb stops the process for a
-moment, writes a request into the interpreter's _PyPerf_remote and sets the
-main interpreter's eval breaker, and detaches.  The interpreter acts on the
-request the next time one of its threads checks the eval breaker (between
-bytecode instructions), exactly as sys.activate_stack_trampoline() would.
-A target blocked in a system call acts on it when it next runs Python code;
-the request stays pending until then.
+inside it on our behalf, and it is never stopped: the tool opens
+/proc/PID/mem, finds the interpreter's control block (_PyPerf_remote) in
+the dynamic symbol table of the image the process runs, checks its magic
+and version through that descriptor, and writes the request and then the
+main interpreter's eval breaker through the same descriptor.  A descriptor
+of /proc/PID/mem belongs to the address space it was opened on: once the
+process has exec'd or exited, reads and writes through it fail, so a
+request can never land in another program that took the pid.
 
-Reading the target's state needs only /proc/PID/mem, with the same
-permission gdb needs to attach (ptrace).
+The interpreter acts on the request the next time one of its threads
+checks the eval breaker (between bytecode instructions), exactly as
+sys.activate_stack_trampoline() would.  The interpreter may recompute the
+breaker from its own flags at any moment and so clear ours; the tool sets
+it again every REARM_INTERVAL seconds while the request is pending.  A
+target blocked in a system call (sleep, select, a lock, a read) acts when
+it next runs Python code: nothing can wake it without a signal it would
+see, so the tool says what it is blocked in and that the request is
+pending (or, with --no-wait, withdraws it).
+
+Everything read on the target's behalf comes from /proc: the images it
+runs through /proc/PID/exe and /proc/PID/map_files/, never by a path the
+target controls, opened non-blocking, checked to be regular files, and read
+in bounded pieces (the ELF headers, section headers and dynamic symbols).
+
+Exit status: 0 the process switched (or, for status, was read); 1 it has
+not switched: the request is pending or was withdrawn; 2 an error, the
+process was not changed.
 """
 
 import argparse
 import errno
 import os
-import shutil
+import signal
+import stat
 import struct
-import subprocess
 import sys
 import time
 
-__all__ = ["attach", "detach", "status", "RemoteError"]
+__all__ = ["attach", "detach", "status", "dynamic_symbol", "RemoteError",
+           "ELFError"]
 
 SYMBOL = b"_PyPerf_remote"
 MAGIC = 0x46505950
@@ -35,88 +56,169 @@ VERSION = 1
 # struct _PyPerf_RemoteControl (Include/internal/pycore_perf.h)
 CONTROL = struct.Struct("<IIiiQIii")
 REQUEST_OFFSET = 8
+INT = struct.Struct("<i")
+REQUEST_NONE = 0
 REQUESTS = {"perf": 1, "perf_jit": 2, "off": 3}
 BACKENDS = {1: "perf", 2: "perf_jit"}
 
-GDB_TIMEOUT = 60
+# How often the wait reads the control block, and sets the eval breaker
+# again while the request is pending (finding a lost wake-up).
+POLL_INTERVAL = 0.005
+REARM_INTERVAL = 0.02
+# A target none of whose threads has been runnable for this long is
+# blocked: the tool stops waiting for it.
+BLOCKED_AFTER = 0.2
+# After writing a withdrawal: how long a handler that took the request
+# just before it is given to say so.
+WITHDRAW_GRACE = 0.05
+
+# Bounds on what is read of an ELF file the target maps.
+ELF_MAX_SECTIONS = 1 << 16
+ELF_MAX_TABLE = 64 << 20
+
+# /proc/PID/stat's flags: a kernel thread.
+PF_KTHREAD = 0x00200000
 
 
 class RemoteError(Exception):
     """The request cannot be made; the target was not changed."""
 
 
-# ----------------------------------------------------------------------
-# Finding _PyPerf_remote in the target
+class ELFError(RemoteError):
+    """An image the target maps is not an ELF file we can read."""
 
-def _dynamic_symbol(path, name):
-    """(value, ELF type) of the dynamic symbol `name` in the 64-bit
-    little-endian ELF file `path`, or None."""
-    try:
-        with open(path, "rb") as f:
-            data = f.read()
-    except OSError:
-        return None
-    if data[:4] != b"\x7fELF" or data[4] != 2 or data[5] != 1:
-        return None
-    e_type, = struct.unpack_from("<H", data, 16)
-    shoff, = struct.unpack_from("<Q", data, 40)
-    shentsize, shnum = struct.unpack_from("<HH", data, 58)
-    sections = []
-    for i in range(shnum):
-        at = shoff + i * shentsize
-        (_, sh_type, _, _, offset, size, link,
-         _, _, entsize) = struct.unpack_from("<IIQQQQIIQQ", data, at)
-        sections.append((sh_type, offset, size, link, entsize))
+
+# ----------------------------------------------------------------------
+# The dynamic symbol table of an image, read in bounded pieces
+
+def _read_exact(fd, size, offset, file_size, what):
+    if offset < 0 or size < 0 or offset + size > file_size:
+        raise ELFError(f"{what}: beyond the end of the file")
+    data = os.pread(fd, size, offset)
+    if len(data) != size:
+        raise ELFError(f"short read of {what}")
+    return data
+
+
+def dynamic_symbol(fd, name):
+    """(value, ELF file type) of the dynamic symbol `name` (bytes) in the
+    64-bit little-endian ELF file open as `fd`, or None if it has no such
+    symbol.  Raises ELFError if `fd` is not a regular file or not an ELF
+    file this reads: only the headers, the section headers, .dynsym and
+    its string table are read, each checked against the file's size."""
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        raise ELFError("not a regular file")
+    size = st.st_size
+    header = _read_exact(fd, 64, 0, size, "the ELF header")
+    if header[:4] != b"\x7fELF":
+        raise ELFError("not an ELF file")
+    if header[4] != 2 or header[5] != 1:
+        raise ELFError("not a 64-bit little-endian ELF file")
+    e_type, = struct.unpack_from("<H", header, 16)
+    shoff, = struct.unpack_from("<Q", header, 40)
+    shentsize, shnum = struct.unpack_from("<HH", header, 58)
+    if shoff == 0:
+        return None                     # no section headers: no .dynsym
+    if shentsize != 64:
+        raise ELFError(f"section header size {shentsize}, not 64")
+    if shnum == 0:
+        # More sections than e_shnum holds: section 0's sh_size has it.
+        first = _read_exact(fd, 64, shoff, size, "section header 0")
+        shnum, = struct.unpack_from("<Q", first, 32)
+    if shnum > ELF_MAX_SECTIONS:
+        raise ELFError(f"{shnum} sections")
+    table = _read_exact(fd, shnum * 64, shoff, size, "the section headers")
+    sections = list(struct.iter_unpack("<IIQQQQIIQQ", table))
+    SHT_STRTAB = 3
     SHT_DYNSYM = 11
-    for sh_type, offset, size, link, entsize in sections:
-        if sh_type != SHT_DYNSYM or entsize == 0:
+    for _, sh_type, _, _, offset, length, link, _, _, entsize in sections:
+        if sh_type != SHT_DYNSYM:
             continue
-        strtab = sections[link][1]
-        for at in range(offset, offset + size, entsize):
-            st_name, _, _, _, st_value, _ = struct.unpack_from(
-                "<IBBHQQ", data, at)
-            end = data.find(b"\0", strtab + st_name)
-            if data[strtab + st_name:end] == name and st_value:
-                return st_value, e_type
+        if entsize != 24 or length % 24:
+            raise ELFError(".dynsym has entries that are not 24 bytes")
+        if link >= shnum or sections[link][1] != SHT_STRTAB:
+            raise ELFError(".dynsym has no string table")
+        str_offset, str_length = sections[link][4], sections[link][5]
+        if length > ELF_MAX_TABLE or str_length > ELF_MAX_TABLE:
+            raise ELFError("the dynamic symbol table is too large")
+        symbols = _read_exact(fd, length, offset, size, ".dynsym")
+        strings = _read_exact(fd, str_length, str_offset, size, ".dynstr")
+        # Names may share tails ("x_name" holds "name"): every place the
+        # name ends a string is a possible st_name.
+        wanted = name + b"\0"
+        places = set()
+        at = strings.find(wanted)
+        while at >= 0:
+            places.add(at)
+            at = strings.find(wanted, at + 1)
+        if not places:
+            return None
+        SHN_UNDEF = 0
+        for (st_name, _, _, shndx, value,
+             _) in struct.iter_unpack("<IBBHQQ", symbols):
+            if st_name in places and shndx != SHN_UNDEF and value:
+                return value, e_type
+        return None
     return None
 
 
-def _mapped_files(pid):
-    """{path: lowest address mapping its offset 0} of the target."""
-    files = {}
-    with open(f"/proc/{pid}/maps") as f:
-        for line in f:
-            fields = line.split(maxsplit=5)
-            if len(fields) < 6 or not fields[5].startswith("/"):
-                continue
-            start = int(fields[0].split("-")[0], 16)
-            path = fields[5].rstrip("\n")
-            if int(fields[2], 16) == 0:
-                files[path] = min(start, files.get(path, start))
-    return files
+# ----------------------------------------------------------------------
+# The target: its state, its images, its control block
+
+def _proc(pid, *parts):
+    return os.path.join("/proc", str(pid), *parts)
 
 
-def _control_address(pid):
-    """Address of _PyPerf_remote in the target, or RemoteError."""
+def _read_small(path, limit=65536):
+    """Up to `limit` bytes of a /proc file, or None if it cannot be
+    read."""
     try:
-        exe = os.readlink(f"/proc/{pid}/exe")
-        files = _mapped_files(pid)
-    except FileNotFoundError:
-        raise RemoteError(f"no such process: {pid}") from None
-    except PermissionError:
-        raise RemoteError(_not_permitted(pid)) from None
-    candidates = [exe] + [path for path in files
-                          if "libpython" in os.path.basename(path)]
-    for path in candidates:
-        found = _dynamic_symbol(path, SYMBOL)
-        if found is None or path not in files:
-            continue
-        value, e_type = found
-        ET_DYN = 3
-        return value + files[path] if e_type == ET_DYN else value
-    raise RemoteError(f"process {pid} runs {exe}: this interpreter has no "
-                      f"perf trampolines (it is not a CPython 3.11 built "
-                      f"with them)")
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    chunks = []
+    size = 0
+    try:
+        while size < limit:
+            chunk = os.read(fd, min(65536, limit - size))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    return b"".join(chunks)
+
+
+def _stat_fields(pid, tid=None):
+    """/proc/PID[/task/TID]/stat as (comm, [state, ppid, ...]), or None."""
+    path = (_proc(pid, "stat") if tid is None
+            else _proc(pid, "task", str(tid), "stat"))
+    data = _read_small(path)
+    if not data:
+        return None
+    # comm is in parentheses and may itself hold ") ".
+    head, _, tail = data.decode("ascii", "replace").rpartition(")")
+    return head.partition("(")[2], tail.split()
+
+
+def _check_process(pid):
+    """RemoteError unless `pid` is a live user-space process."""
+    if pid <= 0:
+        raise RemoteError(f"no such process: {pid}")
+    fields = _stat_fields(pid)
+    if fields is None:
+        raise RemoteError(f"no such process: {pid}")
+    comm, rest = fields
+    if int(rest[6]) & PF_KTHREAD:
+        raise RemoteError(f"process {pid} ({comm}) is a kernel thread, not "
+                          f"a Python process")
+    if rest[0] in ("Z", "X"):
+        raise RemoteError(f"process {pid} ({comm}) has exited (a zombie "
+                          f"its parent has not reaped)")
 
 
 def _not_permitted(pid):
@@ -130,108 +232,354 @@ def _not_permitted(pid):
             f"0), or as root with CAP_SYS_PTRACE{scope}")
 
 
-def _read_control(pid, address):
-    """(request, eval_breaker address, handled, active, error)."""
+def _gone(pid):
+    return RemoteError(f"process {pid} exited or exec'd another program "
+                       f"while the tool looked at it: nothing was written")
+
+
+def _open_mem(pid, writable):
     try:
-        with open(f"/proc/{pid}/mem", "rb", buffering=0) as mem:
-            mem.seek(address)
-            data = mem.read(CONTROL.size)
-    except FileNotFoundError:
+        return os.open(_proc(pid, "mem"),
+                       (os.O_RDWR if writable else os.O_RDONLY)
+                       | os.O_CLOEXEC)
+    except (FileNotFoundError, ProcessLookupError):
         raise RemoteError(f"no such process: {pid}") from None
     except PermissionError:
         raise RemoteError(_not_permitted(pid)) from None
     except OSError as exc:
-        if exc.errno == errno.ESRCH:
-            raise RemoteError(f"no such process: {pid}") from None
-        raise RemoteError(f"cannot read process {pid}: {exc}") from None
-    if len(data) != CONTROL.size:
-        raise RemoteError(f"cannot read process {pid}: short read")
-    magic, version, request, _, breaker, handled, active, error = \
-        CONTROL.unpack(data)
-    if magic != MAGIC or version != VERSION:
-        raise RemoteError(f"process {pid}: unknown perf trampoline control "
-                          f"block (magic {magic:#x}, version {version})")
-    return request, breaker, handled, active, error
+        raise RemoteError(f"cannot open /proc/{pid}/mem: {exc}") from None
+
+
+def _mappings(pid):
+    """[(start, end, path)] of the target's mappings of file offset 0."""
+    data = _read_small(_proc(pid, "maps"), ELF_MAX_TABLE)
+    if data is None:
+        raise RemoteError(f"cannot read /proc/{pid}/maps")
+    found = []
+    for line in data.decode("utf-8", "surrogateescape").splitlines():
+        fields = line.split(maxsplit=5)
+        if len(fields) < 6 or int(fields[2], 16) != 0:
+            continue
+        start, _, end = fields[0].partition("-")
+        found.append((int(start, 16), int(end, 16), fields[5]))
+    return found
+
+
+def _open_image(path):
+    """A descriptor of a file the target maps, through /proc: never a
+    FIFO's blocking open, nor a path the target can replace.  (The /proc
+    links are followed to the file the kernel holds; O_NOFOLLOW would
+    refuse them.)"""
+    return os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+
+
+def _control_address(pid):
+    """Address of _PyPerf_remote in the target, or RemoteError."""
+    try:
+        exe = os.readlink(_proc(pid, "exe"))
+    except FileNotFoundError:
+        raise RemoteError(f"no such process: {pid}") from None
+    except PermissionError:
+        raise RemoteError(_not_permitted(pid)) from None
+    mappings = _mappings(pid)
+    # The executable first, then libpython: the path only picks which
+    # mapping to look at; the file is opened through /proc.
+    exe_maps = sorted(m for m in mappings if m[2] == exe)
+    lib_maps = sorted(m for m in mappings
+                      if "libpython" in os.path.basename(m[2])
+                      and m[2] != exe)
+    candidates = exe_maps[:1] + lib_maps
+    for start, end, path in candidates:
+        try:
+            fd = _open_image(_proc(pid, "map_files", f"{start:x}-{end:x}"))
+        except PermissionError:
+            # map_files needs CAP_SYS_ADMIN; the executable can also be
+            # reached through /proc/PID/exe.
+            if path != exe:
+                raise RemoteError(
+                    f"process {pid} runs its interpreter from {path}; "
+                    f"reading it through /proc/{pid}/map_files needs "
+                    f"root (CAP_SYS_ADMIN)") from None
+            fd = _open_image(_proc(pid, "exe"))
+        except (FileNotFoundError, ProcessLookupError):
+            raise _gone(pid) from None
+        try:
+            found = dynamic_symbol(fd, SYMBOL)
+        except ELFError as exc:
+            raise ELFError(f"process {pid}: cannot read {path}: "
+                           f"{exc}") from None
+        except OSError as exc:
+            raise RemoteError(f"process {pid}: cannot read {path}: "
+                              f"{exc}") from None
+        finally:
+            os.close(fd)
+        if found is not None:
+            value, e_type = found
+            ET_DYN = 3
+            return value + start if e_type == ET_DYN else value
+    if not exe_maps and not lib_maps:
+        raise RemoteError(f"process {pid} runs {exe}, which it does not "
+                          f"map: not a Python process")
+    raise RemoteError(f"process {pid} runs {exe}, which has no perf "
+                      f"trampolines: it is not a CPython 3.11 built with "
+                      f"them")
+
+
+class _Control:
+    """The target's control block, through one /proc/PID/mem descriptor:
+    every read and write goes to the address space it was opened on."""
+
+    def __init__(self, pid, writable):
+        self.pid = pid
+        _check_process(pid)
+        # Opened before anything else is read: what is read after it
+        # (maps, images) is of this address space, as long as reads
+        # through it still succeed.
+        self.fd = _open_mem(pid, writable)
+        try:
+            self.address = _control_address(pid)
+            self.read()             # magic and version
+        except BaseException:
+            os.close(self.fd)
+            raise
+
+    def close(self):
+        os.close(self.fd)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def read(self):
+        """(request, eval_breaker address, handled, active, error)."""
+        try:
+            data = os.pread(self.fd, CONTROL.size, self.address)
+        except OSError as exc:
+            if exc.errno in (errno.EIO, errno.ESRCH):
+                raise _gone(self.pid) from None
+            raise RemoteError(f"cannot read process {self.pid}: "
+                              f"{exc}") from None
+        if len(data) != CONTROL.size:
+            raise _gone(self.pid)
+        magic, version, request, _, breaker, handled, active, error = \
+            CONTROL.unpack(data)
+        if magic != MAGIC or version != VERSION:
+            raise RemoteError(f"process {self.pid}: unknown perf trampoline "
+                              f"control block (magic {magic:#x}, version "
+                              f"{version})")
+        return request, breaker, handled, active, error
+
+    def write_int(self, address, value):
+        """Write one int; RemoteError if the address space is gone."""
+        try:
+            written = os.pwrite(self.fd, INT.pack(value), address)
+        except OSError as exc:
+            if exc.errno in (errno.EIO, errno.ESRCH):
+                raise _gone(self.pid) from None
+            raise RemoteError(f"cannot write to process {self.pid}: "
+                              f"{exc}") from None
+        if written != INT.size:
+            raise _gone(self.pid)
+
+
+# ----------------------------------------------------------------------
+# What a blocked target is doing
+
+# Blocking system calls by number, for the "pending" message.
+_SYSCALLS = {
+    "x86_64": {0: "read", 1: "write", 7: "poll", 23: "select",
+               35: "nanosleep", 43: "accept", 44: "sendto",
+               45: "recvfrom", 46: "sendmsg", 47: "recvmsg",
+               42: "connect", 61: "wait4", 34: "pause", 202: "futex",
+               230: "clock_nanosleep", 232: "epoll_wait", 247: "waitid",
+               270: "pselect6", 271: "ppoll", 281: "epoll_pwait",
+               288: "accept4", 17: "pread64", 19: "readv",
+               128: "rt_sigtimedwait", 130: "rt_sigsuspend",
+               441: "epoll_pwait2"},
+    "aarch64": {63: "read", 64: "write", 65: "readv", 67: "pread64",
+                72: "pselect6", 73: "ppoll", 22: "epoll_pwait",
+                98: "futex", 101: "nanosleep", 115: "clock_nanosleep",
+                133: "rt_sigsuspend", 137: "rt_sigtimedwait",
+                202: "accept", 203: "connect", 206: "sendto",
+                207: "recvfrom", 211: "sendmsg", 212: "recvmsg",
+                242: "accept4", 260: "wait4", 95: "waitid",
+                441: "epoll_pwait2"},
+}
+
+
+def _thread_states(pid):
+    """{tid: one-letter state} of the target's threads."""
+    states = {}
+    try:
+        tids = os.listdir(_proc(pid, "task"))
+    except OSError:
+        return states
+    for tid in tids:
+        fields = _stat_fields(pid, tid)
+        if fields is not None:
+            states[int(tid)] = fields[1][0]
+    return states
+
+
+def _main_thread_doing(pid):
+    """What the target's main thread is doing, in words."""
+    fields = _stat_fields(pid, pid)
+    if fields is None:
+        return "its main thread has exited"
+    state = fields[1][0]
+    if state in ("T", "t"):
+        return "it is stopped (by a signal or a debugger)"
+    data = _read_small(_proc(pid, "task", str(pid), "syscall"))
+    words = data.decode("ascii", "replace").split() if data else []
+    wchan = _read_small(_proc(pid, "task", str(pid), "wchan"))
+    wchan = wchan.decode("ascii", "replace").strip() if wchan else ""
+    in_kernel = f", in the kernel's {wchan}()" if wchan not in ("", "0") \
+        else ""
+    if state == "R" or (words and words[0] == "running"):
+        return ("its main thread is running, but not Python code (a long "
+                "call into C?)")
+    if words and words[0].lstrip("-").isdigit() and int(words[0]) >= 0:
+        number = int(words[0])
+        name = _SYSCALLS.get(os.uname().machine, {}).get(number)
+        call = f"{name}()" if name else f"system call {number}"
+        return f"its main thread is blocked in {call}{in_kernel}"
+    return f"its main thread is waiting (state {state}{in_kernel})"
 
 
 # ----------------------------------------------------------------------
 # Requests
 
-def _write_request(pid, address, breaker, request):
-    """Have gdb write the request and set the eval breaker."""
-    gdb = shutil.which("gdb")
-    if gdb is None:
-        raise RemoteError("gdb is needed to attach to a process and is not "
-                          "installed (Debian: apt-get install gdb)")
-    commands = [
-        "set auto-load off",
-        f"set var *(int *){address + REQUEST_OFFSET:#x} = {request}",
-        f"set var *(int *){breaker:#x} = 1",
-        "detach",
-    ]
-    args = [gdb, "-nx", "-batch", "-iex", "set debuginfod enabled off",
-            "-iex", "set auto-solib-add off", "-p", str(pid)]
-    for command in commands:
-        args += ["-ex", command]
-    try:
-        proc = subprocess.run(args, stdin=subprocess.DEVNULL,
-                              stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True,
-                              errors="replace", timeout=GDB_TIMEOUT)
-    except subprocess.TimeoutExpired:
-        raise RemoteError(f"gdb did not finish within {GDB_TIMEOUT} s")
-    output = proc.stdout
-    if "Operation not permitted" in output:
-        raise RemoteError(_not_permitted(pid))
-    if "No such process" in output:
-        raise RemoteError(f"no such process: {pid}")
-    if proc.returncode != 0 or "Cannot access memory" in output:
-        raise RemoteError(f"gdb could not write to process {pid}:\n"
-                          f"{output.strip()}")
+class Outcome:
+    """What became of a request: `state` is "done", "pending" or
+    "withdrawn"; `active` the backend number the target reports, `error`
+    the errno of its outcome, `doing` what a blocked target is doing."""
+
+    def __init__(self, state, active=0, error=0, doing=""):
+        self.state = state
+        self.active = active
+        self.error = error
+        self.doing = doing
 
 
-def _request(pid, request, timeout):
-    """Send `request`; wait up to `timeout` seconds for the target to act.
-    Returns (done, active backend number, errno of the outcome)."""
-    address = _control_address(pid)
-    _, breaker, handled, _, _ = _read_control(pid, address)
-    if breaker == 0:
-        raise RemoteError(f"process {pid}: its interpreter is not running "
-                          f"(starting up or finalized)")
-    _write_request(pid, address, breaker, request)
-    deadline = time.monotonic() + timeout
+class _Interrupted(BaseException):
+    """SIGINT or SIGTERM arrived (main() turns them into this)."""
+
+
+def _interrupt(signum, frame):
+    raise _Interrupted(signum)
+
+
+def _withdraw(control, request, handled):
+    """Write the request back to NONE if it is still ours and pending.
+    Returns False if the target acted on it first, else True (withdrawn,
+    or never written)."""
+    now_request, _, now_handled, _, _ = control.read()
+    if now_handled == handled and now_request == request:
+        control.write_int(control.address + REQUEST_OFFSET, REQUEST_NONE)
+        # A handler that read the request just before the write counts it
+        # as handled once it has acted.
+        time.sleep(WITHDRAW_GRACE)
+        _, _, now_handled, _, _ = control.read()
+    return now_handled == handled
+
+
+def _request(pid, request, timeout, withdraw=False, _hook=None):
+    """Send `request` and wait up to `timeout` seconds for the target to
+    act; less if it is blocked.  Returns an Outcome.  Then the request
+    stays pending, or is withdrawn if `withdraw`; it is withdrawn if
+    SIGINT (or, under main(), SIGTERM) interrupts the wait.
+    `_hook`, for tests, is called with "checked" between the check of the
+    control block and the first write, and with "armed" after the first
+    write of the eval breaker."""
+    with _Control(pid, writable=True) as control:
+        _, breaker, handled, _, _ = control.read()
+        if breaker == 0:
+            raise RemoteError(f"process {pid}: its interpreter is not "
+                              f"running (starting up or finalized)")
+        if _hook is not None:
+            _hook("checked")
+        interrupted = False
+        try:
+            # The request first: on its own it is acted on the next time
+            # the interpreter computes its breaker; then the breaker.  A
+            # request already pending (left by a tool that was killed) is
+            # replaced.
+            control.write_int(control.address + REQUEST_OFFSET, request)
+            outcome = _wait(control, request, breaker, handled, timeout,
+                            _hook)
+            if outcome is not None:
+                return outcome
+        except (_Interrupted, KeyboardInterrupt):
+            interrupted = True
+        # Nothing may interrupt the withdrawal.
+        handlers = {signum: signal.signal(signum, signal.SIG_IGN)
+                    for signum in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            doing = _main_thread_doing(pid)
+            if not (withdraw or interrupted):
+                return Outcome("pending", doing=doing)
+            if _withdraw(control, request, handled):
+                return Outcome("withdrawn", doing="interrupted"
+                               if interrupted else doing)
+            _, _, _, active, error = control.read()
+            return Outcome("done", active, error)
+        finally:
+            for signum, handler in handlers.items():
+                signal.signal(signum, handler)
+
+
+def _wait(control, request, breaker, handled, timeout, hook):
+    """Outcome("done") once the target has acted, or None when it has not
+    within `timeout` seconds, or has been blocked for BLOCKED_AFTER."""
+    start = time.monotonic()
+    rearm = 0.0
+    runnable = start
     while True:
-        pending, _, now_handled, active, error = _read_control(pid, address)
-        if now_handled != handled and pending == 0:
-            return True, active, error
-        if time.monotonic() >= deadline:
-            return False, active, 0
-        time.sleep(0.01)
+        now = time.monotonic()
+        if now >= rearm:
+            # The breaker of the address space checked above; setting it
+            # again is harmless (one more check for pending work).
+            control.write_int(breaker, 1)
+            if hook is not None and rearm == 0.0:
+                hook("armed")
+            rearm = now + REARM_INTERVAL
+            if any(state == "R" for state in
+                   _thread_states(control.pid).values()):
+                runnable = now
+        pending, _, now_handled, active, error = control.read()
+        if now_handled != handled and pending != request:
+            return Outcome("done", active, error)
+        if now - start >= timeout or now - runnable >= BLOCKED_AFTER:
+            return None
+        time.sleep(POLL_INTERVAL)
 
 
 def attach(pid, backend="perf", timeout=2.0):
     """Ask process `pid` to switch perf trampolines on.  Returns True if
     it did within `timeout` seconds, False if the request is pending."""
-    done, active, error = _request(pid, REQUESTS[backend], timeout)
-    if error:
+    outcome = _request(pid, REQUESTS[backend], timeout)
+    if outcome.error:
         raise RemoteError(f"process {pid} could not switch perf trampolines "
-                          f"on: {_reason(error)}")
-    return done
+                          f"on: {_reason(outcome.error)}")
+    return outcome.state == "done"
 
 
 def detach(pid, timeout=2.0):
     """Ask process `pid` to switch perf trampolines off; as attach()."""
-    done, _, error = _request(pid, REQUESTS["off"], timeout)
-    if error:
+    outcome = _request(pid, REQUESTS["off"], timeout)
+    if outcome.error:
         raise RemoteError(f"process {pid} could not switch perf trampolines "
-                          f"off: {_reason(error)}")
-    return done
+                          f"off: {_reason(outcome.error)}")
+    return outcome.state == "done"
 
 
 def status(pid):
     """(active backend name or None, a request is pending)."""
-    request, _, _, active, _ = _read_control(pid, _control_address(pid))
-    return BACKENDS.get(active), request != 0
+    with _Control(pid, writable=False) as control:
+        request, _, _, active, _ = control.read()
+    return BACKENDS.get(active), request != REQUEST_NONE
 
 
 def _reason(error):
@@ -245,23 +593,42 @@ def _reason(error):
     return os.strerror(error)
 
 
+def _namespace_pid(pid):
+    """The target's pid in its own PID namespace (NSpid's last field)."""
+    data = _read_small(_proc(pid, "status")) or b""
+    for line in data.decode("ascii", "replace").splitlines():
+        if line.startswith("NSpid:"):
+            return int(line.split()[-1])
+    return pid
+
+
 # ----------------------------------------------------------------------
 # Command line
 
-def _describe(pid, backend, pending):
-    if pending:
-        return f"process {pid}: request pending"
+def _describe(pid, backend):
     if backend is None:
         return f"process {pid}: perf trampolines are off"
     return f"process {pid}: perf trampolines are on (backend {backend})"
 
 
+EPILOG = """\
+Run as root in isolated mode, so that nothing in the current directory is
+imported:  python3.11 -I -m perf_trampoline attach PID
+
+The process is never stopped: the request is written through /proc/PID/mem
+and acted on the next time the process runs Python code.  Exit status: 0
+switched (status: read), 1 not switched yet (pending) or withdrawn, 2 error
+(the process was not changed).
+"""
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(
-        prog="python -m perf_trampoline",
+        prog="python3.11 -I -m perf_trampoline",
         description="Switch perf trampolines on or off in a running "
                     "Python process, so that perf shows its Python "
-                    "functions.")
+                    "functions.",
+        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True)
     for name, text in (("attach", "switch perf trampolines on"),
                        ("detach", "switch them off"),
@@ -273,33 +640,67 @@ def main(argv=None):
                                  default="perf")
         if name != "status":
             command.add_argument("--timeout", type=float, default=2.0,
-                                 help="seconds to wait for the process to "
-                                      "act (default: 2)")
+                                 help="seconds to wait for a running "
+                                      "process to act (default: 2; a "
+                                      "blocked one is given "
+                                      f"{BLOCKED_AFTER:g} s)")
+            command.add_argument("--no-wait", action="store_true",
+                                 help="withdraw the request if the process "
+                                      "has not acted on it by then, "
+                                      "instead of leaving it pending")
     args = parser.parse_args(argv)
+    pid = args.pid
     try:
         if args.command == "status":
-            backend, pending = status(args.pid)
-            print(_describe(args.pid, backend, pending))
+            with _Control(pid, writable=False) as control:
+                request, _, _, active, _ = control.read()
+                line = _describe(pid, BACKENDS.get(active))
+                if request != REQUEST_NONE:
+                    line += (f"; a request is pending: "
+                             f"{_main_thread_doing(pid)}")
+            print(line)
             return 0
-        if args.command == "attach":
-            done = attach(args.pid, args.backend, args.timeout)
-        else:
-            done = detach(args.pid, args.timeout)
-        if not done:
-            print(f"process {args.pid}: request pending: it has not run "
-                  f"Python code for {args.timeout:g} s (blocked in a system "
-                  f"call?); it switches when it next does")
-            return 0
-        backend, _ = status(args.pid)
+        request = REQUESTS[args.backend if args.command == "attach"
+                           else "off"]
+        handlers = {signum: signal.signal(signum, _interrupt)
+                    for signum in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            outcome = _request(pid, request, args.timeout, args.no_wait)
+        finally:
+            for signum, handler in handlers.items():
+                signal.signal(signum, handler)
     except RemoteError as exc:
         print(f"perf_trampoline: {exc}", file=sys.stderr)
+        return 2
+    except (_Interrupted, KeyboardInterrupt):
+        print(f"perf_trampoline: interrupted before anything was written "
+              f"to process {pid}", file=sys.stderr)
+        return 2
+    if outcome.state == "withdrawn":
+        print(f"process {pid}: request withdrawn ({outcome.doing}); it was "
+              f"not changed")
         return 1
-    print(_describe(args.pid, backend, False))
+    if outcome.state == "pending":
+        print(f"process {pid}: request pending: {outcome.doing}; the "
+              f"request takes effect when it next runs Python code "
+              f"('status {pid}' tells; 'detach {pid}' once it has)")
+        return 1
+    if outcome.error:
+        print(f"perf_trampoline: process {pid} could not switch perf "
+              f"trampolines {'off' if request == REQUESTS['off'] else 'on'}"
+              f": {_reason(outcome.error)}", file=sys.stderr)
+        return 2
+    backend = BACKENDS.get(outcome.active)
+    print(_describe(pid, backend))
+    nspid = _namespace_pid(pid)
+    if backend is not None and nspid != pid:
+        print(f"it is pid {nspid} in its own PID namespace: its files are "
+              f"/tmp/*-{nspid}.* in its mount namespace")
     if backend == "perf":
-        print(f"profile it with: perf record -g -p {args.pid}")
+        print(f"profile it with: perf record -g -p {pid}")
     elif backend == "perf_jit":
         print(f"profile it with: perf record -k 1 --call-graph dwarf "
-              f"-p {args.pid}, then perf inject --jit")
+              f"-p {pid}, then perf inject --jit")
     return 0
 
 

@@ -82,11 +82,13 @@ PyAPI_FUNC(void) _PyPerf_ChildWillExec(void);
 
 /* Requests from another process (Lib/perf_trampoline.py), acted on by the
    main interpreter at its next eval-breaker check.  The tool finds
-   _PyPerf_remote through the dynamic symbol table, reads it through
-   /proc/<pid>/mem, and has gdb write `request` and then 1 to
-   *eval_breaker while the process is stopped: nothing in the process runs
-   on the tool's behalf but the handler below, at a safe point.  The
-   layout is fixed (offsets in the comments) and versioned. */
+   _PyPerf_remote through the dynamic symbol table, checks it through a
+   /proc/<pid>/mem descriptor, and through the same descriptor writes
+   `request` and then 1 to *eval_breaker, again every few tens of ms while
+   the request is pending (a recompute of the breaker may drop it).  The
+   process is never stopped: nothing in it runs on the tool's behalf but
+   the handler below, at a safe point.  The layout is fixed (offsets in the
+   comments) and versioned. */
 #define _PyPerf_REMOTE_MAGIC 0x46505950u     /* "PYPF" */
 #define _PyPerf_REMOTE_VERSION 1
 enum {

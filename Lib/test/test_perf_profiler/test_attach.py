@@ -1,18 +1,24 @@
 """python -m perf_trampoline: switching a running process (Lib/perf_trampoline.py).
 
-The targets are started without -X perf; the tool switches them through
-gdb and the eval breaker.
+The targets are started without -X perf; the tool switches them by
+writing a request and the eval breaker through /proc/PID/mem.
 """
 
+import errno
 import os
+import random
 import shutil
+import signal
+import stat
+import struct
 import subprocess
 import sys
 import time
 import unittest
 
+import perf_trampoline
 from test.test_perf_profiler.util import (
-    PerfTestCase, TIMEOUT, clean_env, gdb_available, jitdump_path,
+    PerfTestCase, TIMEOUT, clean_env, jitdump_path, map_path,
     map_written_since, needs_host, perf_record_works, read_map,
     record_samples, skip_environment, write_script)
 
@@ -62,12 +68,28 @@ TARGET = """\
             thread.start()
         for thread in threads:
             thread.join()
-    elif mode == "sleep":
+    elif mode in ("sleep", "time.sleep", "lock"):
         print(os.getpid(), flush=True)
-        sys.stdin.readline()            # blocked in read()
+        if mode == "sleep":
+            sys.stdin.readline()        # blocked in read()
+        elif mode == "time.sleep":
+            import time
+            time.sleep(float(os.environ.get("SLEEP", "3")))
+        else:
+            lock = threading.Lock()
+            lock.acquire()
+            lock.acquire(timeout=float(os.environ.get("SLEEP", "3")))
         results[0] = outer() != 4498500
         print(sys.is_stack_trampoline_active(), flush=True)
         sys.stdin.readline()
+    elif mode == "exec":
+        print(os.getpid(), flush=True)
+        sys.stdin.readline()
+        os.execv(sys.executable, [sys.executable, sys.argv[0], "busy",
+                                  sys.argv[2]])
+    elif mode == "C call":
+        print(os.getpid(), flush=True)
+        sum(range(10 ** 13))            # never checks the eval breaker
     elif mode == "undumpable":
         PR_SET_DUMPABLE = 4
         ctypes.CDLL(None).prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
@@ -87,9 +109,16 @@ TARGET = """\
 INNER_CHAIN = ["inner", "middle", "outer"]
 
 
-# The tool reads the target through /proc/PID/{maps,mem} and writes it
-# through gdb: under qemu-user that is qemu, not the interpreter.
-@needs_host("gdb", "/proc/PID/mem")
+def proc_stat(pid):
+    """(state letter, flags) of process `pid` from /proc/PID/stat."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rpartition(")")[2].split()
+    return fields[0], int(fields[6])
+
+
+# The tool reads and writes the target through /proc/PID/mem: under
+# qemu-user that is qemu, not the interpreter.
+@needs_host("/proc/PID/mem")
 class AttachTestCase(PerfTestCase):
 
     def setUp(self):
@@ -97,16 +126,16 @@ class AttachTestCase(PerfTestCase):
         self.target_path = write_script(self.tmpdir, TARGET, "target.py")
         self.targets = 0
 
-    def start(self, mode, python=sys.executable):
+    def start(self, mode, python=sys.executable, env=None, prefix=()):
         """Start the target; return (Popen, pid of the process to attach
         to)."""
         self.targets += 1
         stop_path = os.path.join(self.tmpdir, f"stop{self.targets}")
         proc = subprocess.Popen(
-            [python, self.target_path, mode, stop_path],
+            [*prefix, python, self.target_path, mode, stop_path],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE, text=True, env=clean_env(),
-            cwd=self.tmpdir)
+            stderr=subprocess.PIPE, text=True,
+            env=clean_env() if env is None else env, cwd=self.tmpdir)
         proc.stop_path = stop_path
         self.addCleanup(self.finish, proc)
         pid = int(proc.stdout.readline())
@@ -130,12 +159,13 @@ class AttachTestCase(PerfTestCase):
             out, err = proc.communicate()
         return out, err
 
-    def tool(self, *args, env=None, prefix=()):
-        """Run python -m perf_trampoline ARGS; return CompletedProcess."""
+    def tool(self, *args, env=None, prefix=(), timeout=TIMEOUT):
+        """Run python -I -m perf_trampoline ARGS; return
+        CompletedProcess."""
         return subprocess.run(
-            [*prefix, sys.executable, "-m", "perf_trampoline", *args],
+            [*prefix, sys.executable, "-I", "-m", "perf_trampoline", *args],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-            env=clean_env() if env is None else env, timeout=TIMEOUT)
+            env=clean_env() if env is None else env, timeout=timeout)
 
     def switch(self, command, pid, *args):
         result = self.tool(command, str(pid), *args)
@@ -149,12 +179,6 @@ class AttachTestCase(PerfTestCase):
 
 
 class AttachTests(AttachTestCase):
-
-    def setUp(self):
-        super().setUp()
-        reason = gdb_available()
-        if reason:
-            skip_environment(reason)
 
     def test_attach_profile_detach(self):
         proc, pid = self.start("busy")
@@ -216,18 +240,64 @@ class AttachTests(AttachTestCase):
         self.assertEqual(self.finish(proc), expected)
         self.assertEqual(expected, ("bad 0\n", ""))
 
-    def test_sleeping_target_switches_when_it_runs_python(self):
+    # Finding 5 of issue 37: nothing can wake a blocked thread without a
+    # signal it would see, so the tool says within a second what the
+    # target is blocked in, and that the request is pending.
+    def test_blocked_target_answers_within_a_second(self):
+        for mode, blocked in (("sleep", "blocked in read()"),
+                              ("time.sleep", "blocked in "),
+                              ("lock", "blocked in ")):
+            with self.subTest(mode=mode):
+                proc, pid = self.start(mode, env=clean_env(SLEEP="30"))
+                time.sleep(0.1)             # into the blocking call
+                started = time.monotonic()
+                result = self.tool("attach", str(pid), "--timeout", "30",
+                                   timeout=TIMEOUT)
+                self.assertLess(time.monotonic() - started, 1.0)
+                self.assertEqual((result.returncode, result.stderr),
+                                 (1, ""))
+                self.assertIn(f"process {pid}: request pending: its main "
+                              f"thread is {blocked}", result.stdout)
+                self.assertIn("takes effect when it next runs Python code",
+                              result.stdout)
+                status = self.switch("status", pid)
+                self.assertIn("off; a request is pending", status)
+                if mode != "sleep":
+                    proc.kill()
+                    continue
+                proc.stdin.write("\n")
+                proc.stdin.flush()
+                self.assertEqual(proc.stdout.readline(), "True\n")
+                self.assertIn("on (backend perf)",
+                              self.switch("status", pid))
+                self.assertEqual(self.script_names(pid)[:3],
+                                 ["outer", "middle", "inner"])
+                self.assertEqual(self.finish(proc), ("bad 0\n", ""))
+
+    def test_blocked_target_no_wait_withdraws(self):
         proc, pid = self.start("sleep")
-        out = self.switch("attach", pid, "--timeout", "0.5")
-        self.assertIn(f"process {pid}: request pending", out)
-        self.assertIn("request pending", self.switch("status", pid))
+        started = time.monotonic()
+        result = self.tool("attach", str(pid), "--no-wait")
+        self.assertLess(time.monotonic() - started, 1.0)
+        self.assertEqual((result.returncode, result.stderr), (1, ""))
+        self.assertIn(f"process {pid}: request withdrawn (its main thread "
+                      f"is blocked in read()", result.stdout)
+        self.assertIn("it was not changed", result.stdout)
+        self.assertEqual(self.switch("status", pid),
+                         f"process {pid}: perf trampolines are off\n")
         proc.stdin.write("\n")
         proc.stdin.flush()
-        self.assertEqual(proc.stdout.readline(), "True\n")
-        self.assertIn("on (backend perf)", self.switch("status", pid))
-        self.assertEqual(self.script_names(pid)[:3],
-                         ["outer", "middle", "inner"])
+        self.assertEqual(proc.stdout.readline(), "False\n")
         self.assertEqual(self.finish(proc), ("bad 0\n", ""))
+
+    def test_long_c_call_is_pending(self):
+        proc, pid = self.start("C call")
+        self.addCleanup(proc.kill)
+        result = self.tool("attach", str(pid), "--timeout", "0.3")
+        self.assertEqual((result.returncode, result.stderr), (1, ""))
+        self.assertIn(f"process {pid}: request pending: its main thread is "
+                      f"running, but not Python code", result.stdout)
+        proc.kill()
 
     def test_threads(self):
         # The main thread waits in join(): a worker acts on the request.
@@ -263,13 +333,15 @@ class AttachTests(AttachTestCase):
 
 
 class AttachErrorTests(AttachTestCase):
-    """Each error exits 1 with a message and leaves the target alone."""
+    """Each error is one line on stderr and exit status 2, and leaves the
+    target alone."""
 
     def assertRefused(self, result, message):
-        self.assertEqual(result.returncode, 1, result.stdout)
+        self.assertEqual(result.returncode, 2, result.stdout)
         self.assertEqual(result.stdout, "")
         self.assertTrue(result.stderr.startswith("perf_trampoline: "),
                         result.stderr)
+        self.assertEqual(result.stderr.count("\n"), 1, result.stderr)
         self.assertIn(message, result.stderr)
 
     def test_no_such_process(self):
@@ -291,16 +363,18 @@ class AttachErrorTests(AttachTestCase):
         for command in ("attach", "status"):
             with self.subTest(command=command):
                 self.assertRefused(self.tool(command, str(pid)),
-                                   "this interpreter has no perf "
-                                   "trampolines")
+                                   f"runs {stock}, which has no perf "
+                                   f"trampolines")
         self.assertEqual(self.finish(proc), ("bad 0\n", ""))
 
-    def test_gdb_missing(self):
+    def test_needs_no_gdb(self):
+        # Nor anything else on PATH.
         proc, pid = self.start("busy")
         env = clean_env(PATH=os.path.join(self.tmpdir, "empty"))
-        self.assertRefused(self.tool("attach", str(pid), env=env),
-                           "gdb is needed")
-        self.assertIn("off", self.tool("status", str(pid)).stdout)
+        result = self.tool("attach", str(pid), env=env)
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertIn("on (backend perf)", self.tool("status", str(pid),
+                                                    env=env).stdout)
         self.assertEqual(self.finish(proc), ("bad 0\n", ""))
 
     def test_not_permitted(self):
@@ -328,6 +402,398 @@ class AttachErrorTests(AttachTestCase):
                 result = self.tool(*args)
                 self.assertEqual(result.returncode, 2)
                 self.assertIn("usage:", result.stderr)
+
+    def test_not_python(self):
+        proc = subprocess.Popen(["sleep", "30"])
+        self.addCleanup(proc.wait)
+        self.addCleanup(proc.kill)
+        for command in ("attach", "status"):
+            with self.subTest(command=command):
+                self.assertRefused(self.tool(command, str(proc.pid)),
+                                   "which has no perf trampolines")
+        self.assertIsNone(proc.poll())
+
+    def test_kernel_thread(self):
+        PF_KTHREAD = 0x00200000
+        for name in os.listdir("/proc"):
+            if name.isdigit() and not os.path.exists(f"/proc/{name}/exe"):
+                try:
+                    if proc_stat(name)[1] & PF_KTHREAD:
+                        break
+                except OSError:
+                    continue
+        else:
+            skip_environment("no kernel thread is visible in /proc")
+        for command in ("attach", "detach", "status"):
+            with self.subTest(command=command):
+                self.assertRefused(self.tool(command, name),
+                                   "is a kernel thread")
+
+    def test_zombie(self):
+        proc = subprocess.Popen(["true"])
+        self.addCleanup(proc.wait)
+        while proc_stat(proc.pid)[0] != "Z":
+            time.sleep(0.01)
+        for command in ("attach", "detach", "status"):
+            with self.subTest(command=command):
+                self.assertRefused(self.tool(command, str(proc.pid)),
+                                   "has exited (a zombie")
+
+
+# ----------------------------------------------------------------------
+# Issue 37: an attach that is safe to run as root
+
+def copy_of_interpreter(directory):
+    """(path, env) of a copy of sys.executable in `directory` that runs
+    with this interpreter's standard library."""
+    import _struct
+    path = os.path.join(directory, "python")
+    shutil.copy(sys.executable, path)
+    stdlib = os.path.dirname(os.__file__)
+    dynload = os.path.dirname(_struct.__file__)
+    return path, clean_env(PYTHONHOME=os.path.join(directory, "nohome"),
+                           PYTHONPATH=os.pathsep.join([stdlib, dynload]))
+
+
+def elf_file(path, *, data=None, **fields):
+    """Write a copy of sys.executable to `path` with ELF header `fields`
+    (e_shoff, e_shentsize, e_shnum) replaced."""
+    if data is None:
+        with open(sys.executable, "rb") as f:
+            data = bytearray(f.read())
+    offsets = {"e_shoff": (40, "<Q"), "e_shentsize": (58, "<H"),
+               "e_shnum": (60, "<H")}
+    for name, value in fields.items():
+        offset, fmt = offsets[name]
+        struct.pack_into(fmt, data, offset, value)
+    with open(path, "wb") as f:
+        f.write(data)
+    os.chmod(path, 0o755)
+    return path
+
+
+class ELFReaderTests(unittest.TestCase):
+    """perf_trampoline.dynamic_symbol() reads only what it needs, checks
+    every offset, and refuses what is not a regular ELF file."""
+
+    def setUp(self):
+        self.tmpdir = os.path.realpath(self.enterContext(
+            __import__("tempfile").TemporaryDirectory()))
+
+    def symbol(self, path, flags=os.O_RDONLY | os.O_NONBLOCK):
+        fd = os.open(path, flags)
+        try:
+            return perf_trampoline.dynamic_symbol(fd, b"_PyPerf_remote")
+        finally:
+            os.close(fd)
+
+    def assertMalformed(self, path, message):
+        with self.assertRaisesRegex(perf_trampoline.ELFError, message):
+            self.symbol(path)
+
+    def test_interpreter(self):
+        found = self.symbol(sys.executable)
+        if found is None:           # a shared libpython build
+            import _ctypes
+            self.assertIsNotNone(_ctypes.dlsym(_ctypes.dlopen(None),
+                                               "_PyPerf_remote"))
+        else:
+            self.assertIn(found[1], (2, 3))     # ET_EXEC, ET_DYN
+
+    def test_fifo(self):
+        path = os.path.join(self.tmpdir, "fifo")
+        os.mkfifo(path)
+        started = time.monotonic()
+        self.assertMalformed(path, "not a regular file")
+        self.assertLess(time.monotonic() - started, 2.0)
+
+    def test_device(self):
+        path = os.path.join(self.tmpdir, "libpython3.11.so")
+        os.symlink("/dev/zero", path)
+        self.assertMalformed(path, "not a regular file")
+
+    def test_not_elf(self):
+        path = os.path.join(self.tmpdir, "script")
+        with open(path, "wb") as f:
+            f.write(b"#!/bin/sh\n" * 10)
+        self.assertMalformed(path, "not an ELF file")
+        with open(path, "wb") as f:
+            f.write(b"\x7fELF")
+        self.assertMalformed(path, "the ELF header: beyond the end")
+        with open(path, "wb") as f:
+            f.write(b"\x7fELF\x01\x01" + bytes(58))
+        self.assertMalformed(path, "not a 64-bit little-endian")
+
+    def test_bad_section_headers(self):
+        path = os.path.join(self.tmpdir, "python")
+        with open(sys.executable, "rb") as f:
+            data = bytearray(f.read())
+        for fields, message in (
+                ({"e_shoff": len(data) - 10}, "section headers: beyond"),
+                ({"e_shoff": 2 ** 64 - 64}, "section headers: beyond"),
+                ({"e_shentsize": 40}, "section header size 40"),
+                ({"e_shnum": 0xffff}, "section headers: beyond")):
+            with self.subTest(fields=fields):
+                elf_file(path, data=bytearray(data), **fields)
+                self.assertMalformed(path, message)
+
+    def test_bad_dynsym(self):
+        path = os.path.join(self.tmpdir, "python")
+        with open(sys.executable, "rb") as f:
+            data = bytearray(f.read())
+        shoff, = struct.unpack_from("<Q", data, 40)
+        shnum, = struct.unpack_from("<H", data, 60)
+        for i in range(shnum):
+            at = shoff + i * 64
+            if struct.unpack_from("<I", data, at + 4)[0] == 11:
+                break
+        else:
+            self.skipTest("the interpreter has no .dynsym")
+        for offset, fmt, value, message in (
+                (24, "<Q", len(data) + 1, ".dynsym: beyond"),   # sh_offset
+                (32, "<Q", 2 ** 40 * 24, "too large"),          # sh_size
+                (40, "<I", 0xffff, "no string table"),          # sh_link
+                (56, "<Q", 16, "not 24 bytes")):                # entsize
+            with self.subTest(field=offset):
+                bad = bytearray(data)
+                struct.pack_into(fmt, bad, at + offset, value)
+                elf_file(path, data=bad)
+                self.assertMalformed(path, message)
+
+    def test_reads_little(self):
+        # A terabyte (a hole) is not read whole: only the headers, whose
+        # section headers (zeros) have no .dynsym.
+        path = os.path.join(self.tmpdir, "sparse")
+        with open(sys.executable, "rb") as f:
+            head = f.read(64)
+        with open(path, "wb") as f:
+            f.write(head)
+            f.truncate(1 << 40)
+        self.assertIsNone(self.symbol(path))
+
+
+class AttachSafetyTests(AttachTestCase):
+    """What issue 37 found in the attach, each shown fixed."""
+
+    def control(self, pid):
+        with perf_trampoline._Control(pid, writable=False) as control:
+            return control.address, control.read()
+
+    # Finding 1: a write after exec or exit fails instead of landing in
+    # whatever runs under the pid now.
+    def test_mem_descriptor_dies_with_exec(self):
+        # The kernel's behaviour the tool relies on.
+        proc, pid = self.start("exec")
+        address = perf_trampoline._control_address(pid)
+        fd = os.open(f"/proc/{pid}/mem", os.O_RDWR)
+        self.addCleanup(os.close, fd)
+        self.assertEqual(len(os.pread(fd, 4, address)), 4)
+        proc.stdin.write("\n")
+        proc.stdin.flush()
+        self.assertEqual(int(proc.stdout.readline()), pid)
+        for access in (lambda: os.pread(fd, 4, address),
+                       lambda: os.pwrite(fd, b"\1\0\0\0", address)):
+            try:
+                result = access()
+            except OSError as exc:
+                self.assertIn(exc.errno, (errno.EIO, errno.ESRCH))
+            else:
+                self.assertIn(result, (b"", 0))
+        self.assertEqual(self.finish(proc), ("bad 0\n", ""))
+
+    def test_exec_between_check_and_write(self):
+        proc, pid = self.start("exec")
+
+        def exec_now(stage):
+            if stage == "checked":
+                proc.stdin.write("\n")
+                proc.stdin.flush()
+                # The new image is running Python code.
+                self.assertEqual(int(proc.stdout.readline()), pid)
+
+        with self.assertRaisesRegex(perf_trampoline.RemoteError,
+                                    "exited or exec'd another program "
+                                    "while the tool looked at it: nothing "
+                                    "was written"):
+            perf_trampoline._request(pid, perf_trampoline.REQUESTS["perf"],
+                                     2.0, _hook=exec_now)
+        _, (request, _, handled, active, error) = self.control(pid)
+        self.assertEqual((request, handled, active, error), (0, 0, 0, 0))
+        self.assertEqual(self.finish(proc), ("bad 0\n", ""))
+
+    def test_exit_between_check_and_write(self):
+        proc, pid = self.start("busy")
+
+        def exit_now(stage):
+            if stage == "checked":
+                proc.kill()
+                proc.wait()
+
+        with self.assertRaisesRegex(perf_trampoline.RemoteError,
+                                    "nothing was written"):
+            perf_trampoline._request(pid, perf_trampoline.REQUESTS["perf"],
+                                     2.0, _hook=exit_now)
+
+    # Finding 2: the tool killed at any instant never leaves the target
+    # stopped, nor a request it cannot see.
+    def test_sigkill_at_any_instant(self):
+        proc, pid = self.start("busy")
+        rng = random.Random(37)
+
+        def run_tool(command):
+            child = os.fork()
+            if child == 0:
+                code = 3
+                try:
+                    os.setpgid(0, 0)
+                    null = os.open(os.devnull, os.O_WRONLY)
+                    os.dup2(null, 1)
+                    os.dup2(null, 2)
+                    code = perf_trampoline.main([command, str(pid)])
+                finally:
+                    os._exit(code)
+            return child
+
+        # How long a whole switch takes here: the kills fall within it.
+        started = time.monotonic()
+        for command in ("attach", "detach"):
+            _, code = os.waitpid(run_tool(command), 0)
+            self.assertEqual(os.waitstatus_to_exitcode(code), 0)
+        whole = (time.monotonic() - started) / 2
+        for i in range(100):
+            child = run_tool(("attach", "detach")[i % 2])
+            time.sleep(rng.uniform(0, whole * 1.2))
+            try:
+                os.killpg(child, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            os.waitpid(child, 0)
+            # (A tracer that was just killed may still be detaching.)
+            deadline = time.monotonic() + 1.0
+            while (proc_stat(pid)[0] in "tT"
+                   and time.monotonic() < deadline):
+                time.sleep(0.01)
+            self.assertNotIn(proc_stat(pid)[0], "tT",
+                             f"left stopped in cycle {i}")
+            # Whatever it left (on, off, a request pending), status
+            # tells.
+            self.assertIn(perf_trampoline.status(pid)[0], (None, "perf"))
+        self.assertIn("off", self.switch("detach", pid))
+        self.assertEqual(self.switch("status", pid),
+                         f"process {pid}: perf trampolines are off\n")
+        self.assertEqual(self.finish(proc), ("bad 0\n", ""))
+
+    def test_interrupted_withdraws(self):
+        proc, pid = self.start("sleep")
+        tool = subprocess.Popen(
+            [sys.executable, "-I", "-m", "perf_trampoline", "attach",
+             str(pid), "--timeout", "30"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        # Until the request is written.
+        while not perf_trampoline.status(pid)[1]:
+            time.sleep(0.005)
+        tool.send_signal(signal.SIGTERM)
+        out, err = tool.communicate(timeout=TIMEOUT)
+        self.assertEqual((tool.returncode, err), (1, ""))
+        self.assertIn("request withdrawn (interrupted); it was not changed",
+                      out)
+        self.assertEqual(perf_trampoline.status(pid), (None, False))
+        proc.stdin.write("\n")
+        proc.stdin.flush()
+        self.assertEqual(proc.stdout.readline(), "False\n")
+        self.assertEqual(self.finish(proc), ("bad 0\n", ""))
+
+    # Finding 3: the images are read through /proc, never by a path the
+    # target controls.
+    def test_path_replaced(self):
+        directory = os.path.join(self.tmpdir, "bin")
+        os.mkdir(directory)
+        python, env = copy_of_interpreter(directory)
+        for replacement in ("fifo", "/dev/zero", "malformed"):
+            with self.subTest(replacement=replacement):
+                if not os.path.isfile(python):
+                    os.unlink(python)
+                    shutil.copy(sys.executable, python)
+                proc, pid = self.start("busy", python=python, env=env)
+                os.unlink(python)
+                if replacement == "fifo":
+                    os.mkfifo(python)
+                elif replacement == "/dev/zero":
+                    os.symlink("/dev/zero", python)
+                else:
+                    with open(python, "wb") as f:
+                        f.write(b"\x7fELF\2\1" + bytes(100))
+                started = time.monotonic()
+                result = self.tool("attach", str(pid), timeout=2.0)
+                self.assertLess(time.monotonic() - started, 2.0)
+                self.assertEqual((result.returncode, result.stderr),
+                                 (0, ""))
+                self.assertIn("on (backend perf)", result.stdout)
+                self.assertEqual(self.finish(proc), ("bad 0\n", ""))
+
+    def test_malformed_image(self):
+        directory = os.path.join(self.tmpdir, "bin")
+        os.mkdir(directory)
+        python, env = copy_of_interpreter(directory)
+        size = os.path.getsize(python)
+        elf_file(python, e_shoff=size - 10)     # exec does not read them
+        proc, pid = self.start("busy", python=python, env=env)
+        started = time.monotonic()
+        result = self.tool("attach", str(pid), timeout=2.0)
+        self.assertLess(time.monotonic() - started, 2.0)
+        self.assertEqual((result.returncode, result.stdout), (2, ""))
+        self.assertEqual(result.stderr,
+                         f"perf_trampoline: process {pid}: cannot read "
+                         f"{python}: the section headers: beyond the end "
+                         f"of the file\n")
+        self.assertEqual(self.finish(proc), ("bad 0\n", ""))
+
+    # Finding 4: a recompute of the eval breaker that drops the tool's
+    # wake-up: the tool sets it again while the request is pending.
+    def test_lost_wakeup(self):
+        proc, pid = self.start("busy")
+        _, (_, breaker, _, _, _) = self.control(pid)
+        fd = os.open(f"/proc/{pid}/mem", os.O_RDWR)
+        self.addCleanup(os.close, fd)
+
+        def recompute(stage):
+            if stage == "armed":
+                os.pwrite(fd, b"\0\0\0\0", breaker)
+
+        outcome = perf_trampoline._request(
+            pid, perf_trampoline.REQUESTS["perf"], TIMEOUT, _hook=recompute)
+        self.assertEqual((outcome.state, outcome.active, outcome.error),
+                         ("done", 1, 0))
+        self.assertEqual(self.finish(proc), ("bad 0\n", ""))
+
+    # Targets in another PID and mount namespace, by their host pid.
+    def test_other_namespace(self):
+        unshare = shutil.which("unshare")
+        if os.geteuid() != 0 or unshare is None:
+            skip_environment("needs root and unshare (util-linux) for a "
+                             "process in its own PID namespace")
+        probe = subprocess.run([unshare, "-pf", "--mount-proc", "true"],
+                               stderr=subprocess.PIPE, text=True)
+        if probe.returncode != 0:
+            skip_environment(f"unshare -pf --mount-proc fails here: "
+                             f"{probe.stderr.strip()}")
+        proc, nspid = self.start("busy", prefix=[unshare, "-pf",
+                                                 "--mount-proc"])
+        with open(f"/proc/{proc.pid}/task/{proc.pid}/children") as f:
+            pid, = map(int, f.read().split())
+        self.assertNotEqual(pid, nspid)
+        self.files.add_pid(nspid)
+        started = time.time()
+        out = self.switch("attach", str(pid))
+        self.assertIn(f"process {pid}: perf trampolines are on", out)
+        self.assertIn(f"it is pid {nspid} in its own PID namespace", out)
+        # --mount-proc makes only /proc private: the map is the host's
+        # /tmp/perf-NSPID.map, where the host's perf looks for it.
+        time.sleep(0.2)
+        self.assertTrue(map_written_since(nspid, started))
+        self.assertIn("inner", self.script_names(nspid))
+        self.assertIn("off", self.switch("detach", str(pid)))
+        self.assertEqual(self.finish(proc), ("bad 0\n", ""))
 
 
 if __name__ == "__main__":
