@@ -622,18 +622,31 @@ switched (status: read), 1 not switched yet (pending) or withdrawn, 2 error
 """
 
 
+class _Formatter(argparse.RawDescriptionHelpFormatter):
+    """argparse's, with the terminal's width found without shutil: its
+    import (with bz2 and lzma) was a third of the tool's start-up."""
+
+    def __init__(self, prog):
+        try:
+            width = os.get_terminal_size(sys.__stdout__.fileno()).columns
+        except (AttributeError, ValueError, OSError):
+            width = 80
+        super().__init__(prog, width=width - 2)
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(
         prog="python3.11 -I -m perf_trampoline",
         description="Switch perf trampolines on or off in a running "
                     "Python process, so that perf shows its Python "
                     "functions.",
-        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+        epilog=EPILOG, formatter_class=_Formatter)
     commands = parser.add_subparsers(dest="command", required=True)
     for name, text in (("attach", "switch perf trampolines on"),
                        ("detach", "switch them off"),
                        ("status", "tell whether they are on")):
-        command = commands.add_parser(name, help=text, description=text)
+        command = commands.add_parser(name, help=text, description=text,
+                                      formatter_class=_Formatter)
         command.add_argument("pid", type=int)
         if name == "attach":
             command.add_argument("--backend", choices=["perf", "perf_jit"],

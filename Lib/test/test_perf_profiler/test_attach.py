@@ -13,6 +13,7 @@ import stat
 import struct
 import subprocess
 import sys
+import tempfile
 import time
 import unittest
 
@@ -478,7 +479,7 @@ class ELFReaderTests(unittest.TestCase):
 
     def setUp(self):
         self.tmpdir = os.path.realpath(self.enterContext(
-            __import__("tempfile").TemporaryDirectory()))
+            tempfile.TemporaryDirectory()))
 
     def symbol(self, path, flags=os.O_RDONLY | os.O_NONBLOCK):
         fd = os.open(path, flags)
