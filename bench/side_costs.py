@@ -13,7 +13,12 @@ the fork latency (from os.fork() in the parent until the child has run
 Python code and said so through a pipe), and the bytes the children leave
 in /tmp.  Also subprocess.Popen() with a preexec_fn, which execs right away.
 
-Usage: side_costs.py PYTHON [PYTHON_ARGS...] (prints a Markdown table);
+Attach: `python -I -m perf_trampoline attach PID` (then detach) on a
+busy process, ATTACHES times; reported: the median wall time of an
+attach, from starting the tool until it has said the process switched
+(interpreter start-up included).
+
+Usage: side_costs.py PYTHON [PYTHON_ARGS...] (prints Markdown tables);
 each measurement runs RUNS times and the minimum is kept.
 """
 
@@ -23,6 +28,7 @@ import statistics
 import subprocess
 import sys
 import textwrap
+import time
 
 import harness
 
@@ -30,6 +36,7 @@ FUNCTIONS = 50000
 CHILD_MAP_LINES = 20000
 CHILDREN = 64
 RUNS = int(os.environ.get("BENCH_RUNS", 3))
+ATTACHES = 20
 
 DEFINE = textwrap.dedent("""\
     import os, sys, time, json
@@ -148,6 +155,46 @@ def measure(python):
     return rows
 
 
+# The main thread waits on stdin; a thread runs Python code.
+BUSY = textwrap.dedent("""\
+    import os, sys, threading
+    stop = False
+    def spin():
+        def work(n):
+            return sum(i * i for i in range(n))
+        while not stop:
+            work(1000)
+    threading.Thread(target=spin, daemon=True).start()
+    print(os.getpid(), flush=True)
+    sys.stdin.readline()
+    """)
+
+
+def attach_ms(python):
+    """Median wall time of an attach to a busy process, in ms."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("PYTHONPERF", "PYTHON_PERF"))}
+    target = subprocess.Popen([python[0], "-c", BUSY], env=env,
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              text=True)
+    times = []
+    try:
+        pid = target.stdout.readline().strip()
+        for _ in range(ATTACHES):
+            for command in ("attach", "detach"):
+                start = time.perf_counter()
+                subprocess.run([python[0], "-I", "-m", "perf_trampoline",
+                                command, pid], check=True, env=env,
+                               stdout=subprocess.DEVNULL)
+                if command == "attach":
+                    times.append(time.perf_counter() - start)
+    finally:
+        target.stdin.close()
+        target.wait()
+        harness.remove_profiler_files(target.pid)
+    return statistics.median(times) * 1e3
+
+
 def table(rows):
     off = rows["perf off"]["memory"]
     lines = [
@@ -173,6 +220,9 @@ def main():
           f"of a parent with {CHILD_MAP_LINES} functions; min of {RUNS} "
           f"runs")
     print(table(rows))
+    print()
+    print(f"| attach to a busy process (median of {ATTACHES}, with the "
+          f"tool's start-up) |\n|---|\n| {attach_ms(sys.argv[1:]):.1f} ms |")
 
 
 if __name__ == "__main__":
