@@ -463,12 +463,18 @@ class Outcome:
         self.doing = doing
 
 
-class _Interrupted(BaseException):
-    """SIGINT or SIGTERM arrived (main() turns them into this)."""
+class _Interrupted(Exception):
+    """SIGINT or SIGTERM arrived while main() waited."""
 
 
-def _interrupt(signum, frame):
-    raise _Interrupted(signum)
+# Signals main() received.  Its handlers only record them, so that no
+# exception can come between two writes or in the middle of a withdrawal;
+# the wait looks here between its steps.
+_signals = []
+
+
+def _record_signal(signum, frame):
+    _signals.append(signum)
 
 
 def _withdraw(control, request, handled):
@@ -500,6 +506,8 @@ def _request(pid, request, timeout, withdraw=False, _hook=None):
                               f"running (starting up or finalized)")
         if _hook is not None:
             _hook("checked")
+        if _signals:
+            raise _Interrupted
         interrupted = False
         try:
             # The request first: on its own it is acted on the next time
@@ -512,22 +520,17 @@ def _request(pid, request, timeout, withdraw=False, _hook=None):
             if outcome is not None:
                 return outcome
         except (_Interrupted, KeyboardInterrupt):
+            # (KeyboardInterrupt: a caller other than main(), where it may
+            # also come during the withdrawal.)
             interrupted = True
-        # Nothing may interrupt the withdrawal.
-        handlers = {signum: signal.signal(signum, signal.SIG_IGN)
-                    for signum in (signal.SIGINT, signal.SIGTERM)}
-        try:
-            doing = _main_thread_doing(pid)
-            if not (withdraw or interrupted):
-                return Outcome("pending", doing=doing)
-            if _withdraw(control, request, handled):
-                return Outcome("withdrawn", doing="interrupted"
-                               if interrupted else doing)
-            _, _, _, active, error = control.read()
-            return Outcome("done", active, error)
-        finally:
-            for signum, handler in handlers.items():
-                signal.signal(signum, handler)
+        doing = _main_thread_doing(pid)
+        if not (withdraw or interrupted):
+            return Outcome("pending", doing=doing)
+        if _withdraw(control, request, handled):
+            return Outcome("withdrawn", doing="interrupted"
+                           if interrupted else doing)
+        _, _, _, active, error = control.read()
+        return Outcome("done", active, error)
 
 
 def _wait(control, request, breaker, handled, timeout, hook):
@@ -553,6 +556,8 @@ def _wait(control, request, breaker, handled, timeout, hook):
             return Outcome("done", active, error)
         if now - start >= timeout or now - runnable >= BLOCKED_AFTER:
             return None
+        if _signals:
+            raise _Interrupted
         time.sleep(POLL_INTERVAL)
 
 
@@ -675,7 +680,8 @@ def main(argv=None):
             return 0
         request = REQUESTS[args.backend if args.command == "attach"
                            else "off"]
-        handlers = {signum: signal.signal(signum, _interrupt)
+        _signals.clear()
+        handlers = {signum: signal.signal(signum, _record_signal)
                     for signum in (signal.SIGINT, signal.SIGTERM)}
         try:
             outcome = _request(pid, request, args.timeout, args.no_wait)
@@ -696,7 +702,7 @@ def main(argv=None):
     if outcome.state == "pending":
         print(f"process {pid}: request pending: {outcome.doing}; the "
               f"request takes effect when it next runs Python code "
-              f"('status {pid}' tells; 'detach {pid}' once it has)")
+              f"('status {pid}' tells when it has)")
         return 1
     if outcome.error:
         print(f"perf_trampoline: process {pid} could not switch perf "

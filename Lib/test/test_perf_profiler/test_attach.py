@@ -685,24 +685,28 @@ class AttachSafetyTests(AttachTestCase):
         self.assertEqual(self.finish(proc), ("bad 0\n", ""))
 
     def test_interrupted_withdraws(self):
-        proc, pid = self.start("sleep")
-        tool = subprocess.Popen(
-            [sys.executable, "-I", "-m", "perf_trampoline", "attach",
-             str(pid), "--timeout", "30"],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        # Until the request is written.
-        while not perf_trampoline.status(pid)[1]:
-            time.sleep(0.005)
-        tool.send_signal(signal.SIGTERM)
-        out, err = tool.communicate(timeout=TIMEOUT)
-        self.assertEqual((tool.returncode, err), (1, ""))
-        self.assertIn("request withdrawn (interrupted); it was not changed",
-                      out)
-        self.assertEqual(perf_trampoline.status(pid), (None, False))
-        proc.stdin.write("\n")
-        proc.stdin.flush()
-        self.assertEqual(proc.stdout.readline(), "False\n")
-        self.assertEqual(self.finish(proc), ("bad 0\n", ""))
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            with self.subTest(signal=signum):
+                proc, pid = self.start("sleep")
+                tool = subprocess.Popen(
+                    [sys.executable, "-I", "-m", "perf_trampoline",
+                     "attach", str(pid), "--timeout", "30"],
+                    stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                    text=True)
+                # Until the request is written.
+                while not perf_trampoline.status(pid)[1]:
+                    time.sleep(0.005)
+                tool.send_signal(signum)
+                out, err = tool.communicate(timeout=TIMEOUT)
+                self.assertEqual((tool.returncode, err), (1, ""))
+                self.assertIn("request withdrawn (interrupted); it was "
+                              "not changed", out)
+                self.assertEqual(perf_trampoline.status(pid),
+                                 (None, False))
+                proc.stdin.write("\n")
+                proc.stdin.flush()
+                self.assertEqual(proc.stdout.readline(), "False\n")
+                self.assertEqual(self.finish(proc), ("bad 0\n", ""))
 
     # Finding 3: the images are read through /proc, never by a path the
     # target controls.
