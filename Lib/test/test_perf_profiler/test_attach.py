@@ -1,4 +1,5 @@
-"""python -m perf_trampoline: switching a running process (Lib/perf_trampoline.py).
+"""python -I -m perf_trampoline: switching a running process
+(Lib/perf_trampoline.py).
 
 The targets are started without -X perf; the tool switches them by
 writing a request and the eval breaker through /proc/PID/mem.
@@ -9,7 +10,6 @@ import os
 import random
 import shutil
 import signal
-import stat
 import struct
 import subprocess
 import sys
@@ -19,9 +19,9 @@ import unittest
 
 import perf_trampoline
 from test.test_perf_profiler.util import (
-    PerfTestCase, TIMEOUT, clean_env, jitdump_path, map_path,
-    map_written_since, needs_host, perf_record_works, read_map,
-    record_samples, skip_environment, write_script)
+    PerfTestCase, TIMEOUT, clean_env, jitdump_path, map_written_since,
+    needs_host, perf_record_works, read_map, record_samples,
+    skip_environment, write_script)
 
 # The target: work() calls outer -> middle -> inner and now and then
 # compiles a new function, until the file argv[2] exists; it checks every
