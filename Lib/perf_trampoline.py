@@ -32,6 +32,8 @@ Everything read on the target's behalf comes from /proc: the images it
 runs through /proc/PID/exe and /proc/PID/map_files/, never by a path the
 target controls, opened non-blocking, checked to be regular files, and read
 in bounded pieces (the ELF headers, section headers and dynamic symbols).
+Without CAP_SYS_ADMIN, which map_files needs, a libpython's dynamic symbols
+are read where it is loaded, through the same /proc/PID/mem descriptor.
 
 Exit status: 0 the process switched (or, for status, was read); 1 it has
 not switched: the request is pending or was withdrawn; 2 an error, the
@@ -47,8 +49,8 @@ import struct
 import sys
 import time
 
-__all__ = ["attach", "detach", "status", "dynamic_symbol", "RemoteError",
-           "ELFError"]
+__all__ = ["attach", "detach", "status", "dynamic_symbol", "loaded_symbol",
+           "RemoteError", "ELFError"]
 
 SYMBOL = b"_PyPerf_remote"
 MAGIC = 0x46505950
@@ -163,6 +165,87 @@ def dynamic_symbol(fd, name):
     return None
 
 
+def _gnu_hash(name):
+    h = 5381
+    for c in name:
+        h = (h * 33 + c) & 0xffffffff
+    return h
+
+
+def loaded_symbol(read, base, name):
+    """Address of the dynamic symbol `name` (bytes) in the shared object
+    loaded at `base`, found in memory through `read(address, size)`, or
+    None.  For a tool without CAP_SYS_ADMIN, which may not open
+    /proc/PID/map_files: the loaded image's program headers, dynamic
+    section and GNU hash table, each read bounded, instead of the file's
+    section headers."""
+    def fetch(address, size, what):
+        if size > ELF_MAX_TABLE:
+            raise ELFError(f"{what} is too large")
+        data = read(address, size)
+        if len(data) != size:
+            raise ELFError(f"{what} is not mapped")
+        return data
+
+    header = fetch(base, 64, "the ELF header")
+    if header[:4] != b"\x7fELF" or header[4] != 2 or header[5] != 1:
+        raise ELFError("not a 64-bit little-endian ELF image")
+    phoff, = struct.unpack_from("<Q", header, 32)
+    phentsize, phnum = struct.unpack_from("<HH", header, 54)
+    if phentsize != 56:
+        raise ELFError(f"program header size {phentsize}, not 56")
+    PT_DYNAMIC = 2
+    table = fetch(base + phoff, phnum * 56, "the program headers")
+    for p_type, _, _, p_vaddr, _, _, p_memsz, _ in struct.iter_unpack(
+            "<IIQQQQQQ", table):
+        if p_type == PT_DYNAMIC:
+            break
+    else:
+        return None
+    dynamic = {}
+    for tag, value in struct.iter_unpack(
+            "<qQ", fetch(base + p_vaddr, p_memsz - p_memsz % 16,
+                         "the dynamic section")):
+        if tag == 0:            # DT_NULL
+            break
+        dynamic.setdefault(tag, value)
+    DT_STRTAB, DT_SYMTAB, DT_STRSZ, DT_GNU_HASH = 5, 6, 10, 0x6ffffef5
+    if any(tag not in dynamic
+           for tag in (DT_STRTAB, DT_SYMTAB, DT_STRSZ, DT_GNU_HASH)):
+        return None
+    # The dynamic loader may have relocated the addresses in place.
+    strtab, symtab, gnu = (value + base if value < base else value
+                           for value in (dynamic[DT_STRTAB],
+                                         dynamic[DT_SYMTAB],
+                                         dynamic[DT_GNU_HASH]))
+    strsz = dynamic[DT_STRSZ]
+    nbuckets, symoffset, bloom_size, _ = struct.unpack(
+        "<IIII", fetch(gnu, 16, "the GNU hash table"))
+    if nbuckets == 0:
+        return None
+    buckets = gnu + 16 + bloom_size * 8
+    chains = buckets + nbuckets * 4
+    h = _gnu_hash(name)
+    index, = struct.unpack("<I", fetch(buckets + h % nbuckets * 4, 4,
+                                       "a hash bucket"))
+    if index < symoffset:
+        return None
+    for _ in range(ELF_MAX_TABLE // 24):
+        chain, = struct.unpack("<I", fetch(chains + (index - symoffset) * 4,
+                                           4, "a hash chain"))
+        if chain | 1 == h | 1:
+            st_name, _, _, shndx, value, _ = struct.unpack(
+                "<IBBHQQ", fetch(symtab + index * 24, 24, "a symbol"))
+            if st_name + len(name) < strsz and shndx != 0 and value:
+                if fetch(strtab + st_name, len(name) + 1,
+                         "a symbol name") == name + b"\0":
+                    return value + base
+        if chain & 1:
+            return None
+        index += 1
+    raise ELFError("a hash chain without end")
+
+
 # ----------------------------------------------------------------------
 # The target: its state, its images, its control block
 
@@ -273,8 +356,21 @@ def _open_image(path):
     return os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
 
 
-def _control_address(pid):
-    """Address of _PyPerf_remote in the target, or RemoteError."""
+def _read_image(pid, what, function, *args):
+    """function(*args), with its errors said as reading `what`."""
+    try:
+        return function(*args)
+    except ELFError as exc:
+        raise ELFError(f"process {pid}: cannot read {what}: "
+                       f"{exc}") from None
+    except OSError as exc:
+        raise RemoteError(f"process {pid}: cannot read {what}: "
+                          f"{exc}") from None
+
+
+def _control_address(pid, mem):
+    """Address of _PyPerf_remote in the target, or RemoteError.  `mem`:
+    the target's /proc/PID/mem descriptor."""
     try:
         exe = os.readlink(_proc(pid, "exe"))
     except FileNotFoundError:
@@ -293,24 +389,22 @@ def _control_address(pid):
         try:
             fd = _open_image(_proc(pid, "map_files", f"{start:x}-{end:x}"))
         except PermissionError:
-            # map_files needs CAP_SYS_ADMIN; the executable can also be
-            # reached through /proc/PID/exe.
+            # map_files needs CAP_SYS_ADMIN.  The executable can also be
+            # opened through /proc/PID/exe; a library is read where it is
+            # loaded.
             if path != exe:
-                raise RemoteError(
-                    f"process {pid} runs its interpreter from {path}; "
-                    f"reading it through /proc/{pid}/map_files needs "
-                    f"root (CAP_SYS_ADMIN)") from None
+                address = _read_image(
+                    pid, f"{path} in its memory", loaded_symbol,
+                    lambda at, size: os.pread(mem, size, at), start,
+                    SYMBOL)
+                if address is not None:
+                    return address
+                continue
             fd = _open_image(_proc(pid, "exe"))
         except (FileNotFoundError, ProcessLookupError):
             raise _gone(pid) from None
         try:
-            found = dynamic_symbol(fd, SYMBOL)
-        except ELFError as exc:
-            raise ELFError(f"process {pid}: cannot read {path}: "
-                           f"{exc}") from None
-        except OSError as exc:
-            raise RemoteError(f"process {pid}: cannot read {path}: "
-                              f"{exc}") from None
+            found = _read_image(pid, path, dynamic_symbol, fd, SYMBOL)
         finally:
             os.close(fd)
         if found is not None:
@@ -337,7 +431,7 @@ class _Control:
         # through it still succeed.
         self.fd = _open_mem(pid, writable)
         try:
-            self.address = _control_address(pid)
+            self.address = _control_address(pid, self.fd)
             self.read()             # magic and version
         except BaseException:
             os.close(self.fd)

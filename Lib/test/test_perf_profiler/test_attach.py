@@ -321,6 +321,26 @@ class AttachTests(AttachTestCase):
         self.assertIn("off", self.switch("detach", pid))
         self.assertEqual(self.finish(proc), ("bad 0\n", ""))
 
+    def test_shared_libpython_target_unprivileged(self):
+        # Without CAP_SYS_ADMIN, /proc/PID/map_files cannot be opened: the
+        # tool reads libpython's dynamic symbols where it is loaded.
+        nofp = os.environ.get("PERF_NOFP_PYTHON")
+        setpriv = shutil.which("setpriv")
+        if not nofp or os.geteuid() != 0 or setpriv is None:
+            skip_environment("needs PERF_NOFP_PYTHON (a --enable-shared "
+                             "build, make nofp), root and setpriv "
+                             "(util-linux) to run as another user")
+        nobody = [setpriv, "--reuid=65534", "--regid=65534",
+                  "--clear-groups", "--"]
+        os.chmod(self.tmpdir, 0o755)
+        proc, pid = self.start("busy", python=nofp, prefix=nobody)
+        for command, state in (("attach", "on (backend perf)"),
+                               ("detach", "off")):
+            result = self.tool(command, str(pid), prefix=nobody)
+            self.assertEqual((result.returncode, result.stderr), (0, ""))
+            self.assertIn(state, result.stdout)
+        self.assertEqual(self.finish(proc), ("bad 0\n", ""))
+
     def test_forked_child(self):
         started = time.time()
         proc, child = self.start("fork")
@@ -561,6 +581,38 @@ class ELFReaderTests(unittest.TestCase):
                 elf_file(path, data=bad)
                 self.assertMalformed(path, message)
 
+    def test_loaded_symbol(self):
+        # This process's own image, read where it is loaded.
+        import ctypes
+        expected = ctypes.addressof(
+            ctypes.c_int.in_dll(ctypes.pythonapi, "_PyPerf_remote"))
+        mappings = perf_trampoline._mappings(os.getpid())
+        with open("/proc/self/maps") as f:
+            for line in f:
+                fields = line.split(maxsplit=5)
+                start, end = (int(x, 16) for x in fields[0].split("-"))
+                if start <= expected < end:
+                    path = fields[5].rstrip("\n")
+                    break
+        base = min(m[0] for m in mappings if m[2] == path)
+        fd = os.open("/proc/self/mem", os.O_RDONLY)
+        self.addCleanup(os.close, fd)
+
+        def read(address, size):
+            return os.pread(fd, size, address)
+
+        self.assertEqual(perf_trampoline.loaded_symbol(
+            read, base, b"_PyPerf_remote"), expected)
+        self.assertIsNone(perf_trampoline.loaded_symbol(
+            read, base, b"_PyPerf_no_such_symbol"))
+        with self.assertRaisesRegex(perf_trampoline.ELFError,
+                                    "the ELF header is not mapped"):
+            perf_trampoline.loaded_symbol(lambda a, n: b"", base, b"x")
+        with self.assertRaisesRegex(perf_trampoline.ELFError,
+                                    "not a 64-bit little-endian"):
+            perf_trampoline.loaded_symbol(lambda a, n: bytes(n), base,
+                                          b"x")
+
     def test_reads_little(self):
         # A terabyte (a hole) is not read whole: only the headers, whose
         # section headers (zeros) have no .dynsym.
@@ -585,9 +637,9 @@ class AttachSafetyTests(AttachTestCase):
     def test_mem_descriptor_dies_with_exec(self):
         # The kernel's behaviour the tool relies on.
         proc, pid = self.start("exec")
-        address = perf_trampoline._control_address(pid)
         fd = os.open(f"/proc/{pid}/mem", os.O_RDWR)
         self.addCleanup(os.close, fd)
+        address = perf_trampoline._control_address(pid, fd)
         self.assertEqual(len(os.pread(fd, 4, address)), 4)
         proc.stdin.write("\n")
         proc.stdin.flush()
