@@ -1605,6 +1605,29 @@ class SemanticsTests(PerfTestCase):
             """, mapped=["callee", "gen"])
         self.assertEqual(out, "['Held', 'Held']\n")
 
+    def test_caller_stack_hidden_again_after_a_call(self):
+        # Once the callee has returned, the caller's stack is hidden from
+        # the GC again (stacktop -1) while it runs: the slots the call
+        # used may hold objects freed since.
+        self.assertSameOutput("""\
+            import gc
+
+            class Held:
+                pass
+
+            def f():
+                return 1
+
+            def gen():
+                t = (Held(), Held(), Held(), Held(), Held(), f())
+                del t
+                yield sorted(type(o).__name__
+                             for o in gc.get_referents(g))
+
+            g = gen()
+            print(next(g))
+            """, mapped=["f", "gen"])
+
     def test_f_lineno_jump_of_a_calling_frame(self):
         # A trace function moves the caller, whose call is running, to
         # another line with the same stack.  Stock 3.11 resumes it after
