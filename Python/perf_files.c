@@ -243,9 +243,9 @@ _PyPerf_FileOpen(_PyPerf_File *file, const char *path, int flags)
     /* A live process with our pid number (another pid namespace sharing
        /tmp) holds its file locked: never ours to keep. */
     int in_use = (flock(fd, LOCK_EX | LOCK_NB) < 0 && errno == EWOULDBLOCK);
-    if (st.st_size > 0
-        && (in_use || !(flags & _PyPerf_FILE_KEEP)
-            || !written_since_start(&st)))
+    if (in_use
+        || (st.st_size > 0
+            && (!(flags & _PyPerf_FILE_KEEP) || !written_since_start(&st))))
     {
         /* See the top of this file. */
         _PyPerf_CloseKeepErrno(fd);
@@ -274,6 +274,19 @@ is_our_file(int fd, const _PyPerf_File *file)
             && st.st_ino == file->ino);
 }
 
+/* Is `fd` still the descriptor we opened on our file?  A program that
+   closed it may have opened the same file itself and got the same number
+   back (reading it, say): its flags tell them apart. */
+static int
+is_our_descriptor(int fd, const _PyPerf_File *file)
+{
+    int flags = fcntl(fd, F_GETFL);
+    return (flags >= 0
+            && (flags & (O_ACCMODE | O_APPEND | O_NONBLOCK))
+               == (file->access | O_NONBLOCK)
+            && is_our_file(fd, file));
+}
+
 /* Open `path` with `flags`, keeping the descriptor only if it is our file
    (the program may have put another file under the name). */
 static int
@@ -293,7 +306,7 @@ open_ours(const char *path, int flags, const _PyPerf_File *file)
 static int
 check_file(_PyPerf_File *file)
 {
-    if (file->fd >= 0 && is_our_file(file->fd, file)) {
+    if (file->fd >= 0 && is_our_descriptor(file->fd, file)) {
         return 0;
     }
     /* The number is no longer ours (never close it: it may be the
@@ -343,7 +356,7 @@ _PyPerf_FileOpenReadOnly(const _PyPerf_File *file)
 {
     char fdpath[64];
     int fd = -1;
-    if (file->fd >= 0 && is_our_file(file->fd, file)) {
+    if (file->fd >= 0 && is_our_descriptor(file->fd, file)) {
         PyOS_snprintf(fdpath, sizeof(fdpath), "/proc/self/fd/%d", file->fd);
         fd = open_ours(fdpath, O_RDONLY | O_CLOEXEC, file);
     }
@@ -369,7 +382,7 @@ _PyPerf_FileDetach(_PyPerf_File *file, _PyPerf_File *parent)
 void
 _PyPerf_FileForget(_PyPerf_File *file)
 {
-    if (file->fd >= 0 && is_our_file(file->fd, file)) {
+    if (file->fd >= 0 && is_our_descriptor(file->fd, file)) {
         _PyPerf_CloseKeepErrno(file->fd);
     }
     file->fd = -1;
@@ -489,7 +502,7 @@ done:
 void
 _PyPerf_FileClose(_PyPerf_File *file)
 {
-    if (file->fd >= 0 && is_our_file(file->fd, file)) {
+    if (file->fd >= 0 && is_our_descriptor(file->fd, file)) {
         _PyPerf_CloseKeepErrno(file->fd);
     }
     file->fd = -1;

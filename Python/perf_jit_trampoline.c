@@ -241,8 +241,8 @@ init_unwind_info(void)
  */
 
 /* Map the file's first page executable: perf record logs the mmap, and
-   that event is how perf inject finds the dump.  The descriptor we write
-   through is write-only, so map through a read-only one. */
+   that event is how perf inject finds the dump.  A read-only descriptor
+   is all the mapping needs. */
 static int
 map_marker(void)
 {
@@ -308,6 +308,13 @@ adopt_records(void)
             /* Read on from this record. */
             buf_start = pos;
             n = pread(fd, buf, COPY_CHUNK, pos);
+            if (n < 0) {
+                /* Cut nothing off on the strength of a failed read. */
+                int saved = errno;
+                PyMem_RawFree(buf);
+                errno = saved;
+                return -1;
+            }
             if (n < (ssize_t)sizeof(prefix)) {
                 break;
             }

@@ -38,7 +38,9 @@
  * byte last: its other bytes, newline included, then the first hex digit
  * with a release store.  Until then the part of it a reader sees belongs
  * to a line that starts with a NUL, since no newline stands between the
- * last whole line and it.  (A process killed during those few stores
+ * last whole line and it.  (That holds for a reader on another CPU as far
+ * as the CPU orders its loads: x86 does; arm64 may, in principle, load a
+ * line's later bytes before its first within one copy.)  (A process killed during those few stores
  * leaves such a line behind: an exec'd image overwrites it.)
  *
  * Where mapping a file is not safe (a filesystem that may need new blocks
@@ -331,8 +333,12 @@ put_lines(const char *lines, size_t size, void *Py_UNUSED(arg))
         const char *nl = memchr(lines, '\n', size);
         assert(nl != NULL);
         size_t n = (size_t)(nl - lines) + 1;
-        /* A line being written, or a mapped file's fill: not copied. */
-        if (n > 1 && lines[0] != '\0' && put_line(lines, n) < 0) {
+        /* Not copied: a line being written, a mapped file's fill, and a
+           line longer than any we write (another program's file): an
+           exec'd image looks for the last line within that bound. */
+        if (n > 1 && n <= MAX_LINE && lines[0] != '\0'
+            && put_line(lines, n) < 0)
+        {
             return -1;
         }
         lines += n;
