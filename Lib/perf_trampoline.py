@@ -683,8 +683,7 @@ def status(pid):
 
 def _reason(error):
     if error == errno.EBUSY:
-        return ("another frame evaluation function (PEP 523) is installed, "
-                "or no code object extra slot is left")
+        return "no code object extra slot (PEP 523) is left"
     if error == errno.EINVAL:
         return "this build does not have that backend"
     if error == errno.EOPNOTSUPP:

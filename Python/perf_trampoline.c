@@ -514,7 +514,10 @@ static void
 set_hook(PyInterpreterState *interp, perf_interp *pi,
          _PyFrameEvalFunction other)
 {
-    if (other == _PyEval_EvalFrameDefault || is_ours(other)) {
+    if (other == _PyPerf_EvalFrameChained) {
+        other = pi->chained;    /* read from the field and set back */
+    }
+    else if (other == _PyEval_EvalFrameDefault || is_ours(other)) {
         other = NULL;
     }
     pi->chained = other;
@@ -560,6 +563,11 @@ _PyPerf_ChainEvalFrame(PyInterpreterState *interp,
     if (!is_ours(interp->eval_frame)
         || (pi = find_interp(interp)) == NULL || pi->backend == NULL)
     {
+        if (is_ours(eval_frame)) {
+            /* Ours, read from the field, set back after deactivation. */
+            interp->eval_frame = NULL;
+            return 1;
+        }
         return 0;
     }
     set_hook(interp, pi, eval_frame);
