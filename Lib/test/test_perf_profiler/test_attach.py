@@ -321,22 +321,24 @@ class AttachTests(AttachTestCase):
         self.assertIn("off", self.switch("detach", pid))
         self.assertEqual(self.finish(proc), ("bad 0\n", ""))
 
-    def test_shared_libpython_target_unprivileged(self):
-        # Without CAP_SYS_ADMIN, /proc/PID/map_files cannot be opened: the
-        # tool reads libpython's dynamic symbols where it is loaded.
+    def test_shared_libpython_without_cap_sys_admin(self):
+        # Without CAP_SYS_ADMIN (nor CAP_CHECKPOINT_RESTORE), the tool
+        # cannot open /proc/PID/map_files: it reads libpython's dynamic
+        # symbols where the target has it loaded.  (Root without them, not
+        # another user: that one may not read a tree under /root.)
         nofp = os.environ.get("PERF_NOFP_PYTHON")
         setpriv = shutil.which("setpriv")
         if not nofp or os.geteuid() != 0 or setpriv is None:
             skip_environment("needs PERF_NOFP_PYTHON (a --enable-shared "
                              "build, make nofp), root and setpriv "
-                             "(util-linux) to run as another user")
-        nobody = [setpriv, "--reuid=65534", "--regid=65534",
-                  "--clear-groups", "--"]
-        os.chmod(self.tmpdir, 0o755)
-        proc, pid = self.start("busy", python=nofp, prefix=nobody)
+                             "(util-linux) to drop capabilities")
+        caps = "-sys_admin,-checkpoint_restore"
+        without = [setpriv, f"--bounding-set={caps}", f"--inh-caps={caps}",
+                   "--"]
+        proc, pid = self.start("busy", python=nofp)
         for command, state in (("attach", "on (backend perf)"),
                                ("detach", "off")):
-            result = self.tool(command, str(pid), prefix=nobody)
+            result = self.tool(command, str(pid), prefix=without)
             self.assertEqual((result.returncode, result.stderr), (0, ""))
             self.assertIn(state, result.stdout)
         self.assertEqual(self.finish(proc), ("bad 0\n", ""))
