@@ -683,6 +683,33 @@ class DemoTests(unittest.TestCase):
         self.assertEqual(demo[:3], ["parse", "handle_request",
                                     "serve.<locals>.<listcomp>"], stack)
 
+class JUnitTests(unittest.TestCase):
+    """Regrtest's JUnit file: a case run again (-w) counts once, with the
+    outcome of its last run, and one that failed first is named."""
+
+    XML = """\
+        <testsuites><testsuite>
+        <testcase name="t.A.test_flaky" status="run"><failure/></testcase>
+        <testcase name="t.A.test_ok" status="run"/>
+        <testcase name="t.A.test_broken" status="run"><error/></testcase>
+        </testsuite><testsuite>
+        <testcase name="t.A.test_flaky" status="run"/>
+        <testcase name="t.A.test_broken" status="run"><error/></testcase>
+        </testsuite></testsuites>
+        """
+
+    def test_rerun_counts_once(self):
+        import tooling
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "junit.xml")
+            with open(path, "w") as f:
+                f.write(textwrap.dedent(self.XML))
+            self.assertEqual(sorted(tooling.junit_cases(path)),
+                             [("t.A.test_broken", "failed"),
+                              ("t.A.test_flaky", "ok"),
+                              ("t.A.test_ok", "ok")])
+            self.assertEqual(tooling.rerun_cases(path), ["t.A.test_flaky"])
+
 
 if __name__ == "__main__":
     unittest.main()

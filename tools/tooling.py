@@ -83,13 +83,41 @@ def clean_exec(args):
 # ---- JUnit files of regrtest ---------------------------------------------
 
 def junit_cases(path):
-    """[(test id, "ok" | "failed" | "skipped")], one per <testcase> of the
+    """[(test id, "ok" | "failed" | "skipped")], one per test case of the
     JUnit file regrtest wrote (--junit-xml), or None when there is no
-    complete file (a runner that crashed or was killed)."""
+    complete file (a runner that crashed or was killed).  A case regrtest
+    ran again (-w) has the outcome of its last run; rerun_cases() names
+    those that failed first."""
     try:
         tree = ET.parse(path)
     except (OSError, ET.ParseError):
         return None
+    last = {}
+    for name, outcome in _junit_runs(tree):
+        last.pop(name, None)        # keep the order of the last runs
+        last[name] = outcome
+    return list(last.items())
+
+
+def rerun_cases(path):
+    """Test ids that failed and then passed when regrtest ran them again
+    (-w): flaky, and shown as such."""
+    try:
+        tree = ET.parse(path)
+    except (OSError, ET.ParseError):
+        return []
+    failed = set()
+    passed_again = []
+    for name, outcome in _junit_runs(tree):
+        if outcome == "failed":
+            failed.add(name)
+        elif name in failed:
+            passed_again.append(name)
+    return passed_again
+
+
+def _junit_runs(tree):
+    """(test id, outcome) of every <testcase>, in the file's order."""
     cases = []
     for case in tree.iter("testcase"):
         # regrtest puts the whole test id in "name", without "classname".
