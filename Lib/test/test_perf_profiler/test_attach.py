@@ -468,14 +468,13 @@ class AttachErrorTests(AttachTestCase):
 
 def copy_of_interpreter(directory):
     """(path, env) of a copy of sys.executable in `directory` that runs
-    with this interpreter's standard library."""
-    import _struct
+    with this interpreter's standard library and extension modules (the
+    directories of sys.path: a build tree's or an installation's)."""
     path = os.path.join(directory, "python")
     shutil.copy(sys.executable, path)
-    stdlib = os.path.dirname(os.__file__)
-    dynload = os.path.dirname(_struct.__file__)
+    search = [entry for entry in sys.path if entry and os.path.isdir(entry)]
     return path, clean_env(PYTHONHOME=os.path.join(directory, "nohome"),
-                           PYTHONPATH=os.pathsep.join([stdlib, dynload]))
+                           PYTHONPATH=os.pathsep.join(search))
 
 
 def elf_file(path, *, data=None, **fields):
@@ -495,6 +494,11 @@ def elf_file(path, *, data=None, **fields):
     return path
 
 
+# The interpreter's own file is the sample ELF, and its image in memory:
+# under qemu-user, sys.executable is the wrapper script that runs it, and
+# /proc/self/mem is the host's view, where the guest's addresses need not
+# be.
+@needs_host("the interpreter's ELF file and /proc/self/mem")
 class ELFReaderTests(unittest.TestCase):
     """perf_trampoline.dynamic_symbol() reads only what it needs, checks
     every offset, and refuses what is not a regular ELF file."""
@@ -583,9 +587,6 @@ class ELFReaderTests(unittest.TestCase):
                 elf_file(path, data=bad)
                 self.assertMalformed(path, message)
 
-    # Under qemu-user, /proc/self/mem is the host's view of memory, where
-    # the guest's addresses need not be.
-    @needs_host("/proc/self/mem")
     def test_loaded_symbol(self):
         # This process's own image, read where it is loaded.
         import ctypes
