@@ -1638,6 +1638,9 @@ class MapFaultTests(StressTestCase):
         lines = self.map_lines(result.pid)
         self.assertUniqueAddresses(parse_lines(lines))
 
+    # qemu-user does not apply RLIMIT_AS to the guest (its own mappings
+    # would not fit).
+    @util.needs_host("RLIMIT_AS applied by the kernel")
     def test_no_address_space_for_the_map(self):
         # RLIMIT_AS leaves no room to map the file: the lines are written
         # with a system call each, after the whole lines (no NULs left
