@@ -975,7 +975,7 @@ _PyPerf_ChildWillExec(void)
 }
 
 /* ----------------------------------------------------------------------
- * Requests from another process (Lib/perf_trampoline.py)
+ * Requests from another process (Lib/perf_trampoline/)
  */
 
 /* Why the request failed, as an errno value for the tool. */

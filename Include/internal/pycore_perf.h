@@ -80,7 +80,7 @@ extern void _PyPerf_AfterForkChild(PyThreadState *tstate);
    called before PyOS_AfterFork_Child(), so that no files are copied. */
 PyAPI_FUNC(void) _PyPerf_ChildWillExec(void);
 
-/* Requests from another process (Lib/perf_trampoline.py), acted on by the
+/* Requests from another process (Lib/perf_trampoline/), acted on by the
    main interpreter at its next eval-breaker check.  The tool finds
    _PyPerf_remote through the dynamic symbol table, checks it through a
    /proc/<pid>/mem descriptor, and through the same descriptor writes

@@ -1,5 +1,5 @@
 """python -I -m perf_trampoline: switching a running process
-(Lib/perf_trampoline.py).
+(Lib/perf_trampoline/).
 
 The targets are started without -X perf; the tool switches them by
 writing a request and the eval breaker through /proc/PID/mem.

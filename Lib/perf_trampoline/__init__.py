@@ -815,6 +815,3 @@ def main(argv=None):
               f"-p {pid}, then perf inject --jit")
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())

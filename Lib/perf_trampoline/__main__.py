@@ -1,0 +1,5 @@
+import sys
+
+from perf_trampoline import main
+
+sys.exit(main())
