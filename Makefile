@@ -61,7 +61,7 @@ DEBIAN_TREE := build/cpython-debian
 # (tools/build-aarch64.sh).
 AARCH64_TREE := build/cpython-aarch64
 
-.PHONY: all build deps deps-jit tree export dist install test test-fresh demo demo-jit nofp release release-nofp bench clean help
+.PHONY: all build deps deps-test deps-jit tree export dist install test test-fresh demo demo-jit nofp release release-nofp bench clean help
 .PHONY: deps-debian debian install-debian test-debian
 .PHONY: deps-aarch64 aarch64 test-aarch64 test-release
 
@@ -86,11 +86,17 @@ help:
 	@echo "make test-release   the tests of make test (less the tooling's) on the release build"
 	@echo "make aarch64    cross-build $(AARCH64_TREE) for arm64 (runs under qemu-user)"
 	@echo "make test-aarch64   our tests with the arm64 build under qemu-user"
-	@echo "make deps       install missing Debian build dependencies (as root)"
+	@echo "make deps       install the missing Debian packages building and using it need (as root)"
+	@echo "make deps-test  ... and those the tests need (the test targets run it)"
 	@echo "make clean      remove build/"
 
+# Building, make demo, make install: the build dependencies, perf and
+# gdb.  The test targets add the test toolchain (deps-test).
 deps:
 	@tools/install-deps.sh
+
+deps-test: deps
+	@tools/install-deps.sh test
 
 # A private perf >= 6.8 (Debian 12: from bookworm-backports) for perf
 # inject --jit, in build/perf/.
@@ -164,18 +170,18 @@ endif
 # with the release's frame records (the development build has them in
 # every function): the tests run on both kinds.
 test test-debian: RELEASE_FLAGS :=
-test: build nofp debian $(TEST_AARCH64)
+test: deps-test build nofp debian $(TEST_AARCH64)
 	@PERF_NOFP_PYTHON=$(NOFP_PYTHON) tools/run-tests.sh --tree $(TREE) \
 		--tree $(DEBIAN_TREE) $(TEST_QEMU)
 
-test-debian: nofp debian
+test-debian: deps-test nofp debian
 	@PERF_NOFP_PYTHON=$(NOFP_PYTHON) tools/run-tests.sh --no-tooling \
 		--tree $(DEBIAN_TREE)
 
-test-aarch64: aarch64
+test-aarch64: deps-test aarch64
 	@tools/run-tests.sh --qemu $(AARCH64_TREE)
 
-test-release: nofp release
+test-release: deps-test nofp release
 	@PERF_NOFP_PYTHON=$(NOFP_PYTHON) tools/run-tests.sh --no-tooling \
 		--tree $(RELEASE_TREE)
 
@@ -205,7 +211,7 @@ clean:
 .PHONY: test-regrtest-perf test-asan test-valgrind
 test-regrtest-perf: build
 	@tools/regrtest-perf.sh
-test-asan: deps
+test-asan: deps-test
 	@tools/asan-test.sh
 test-valgrind: build
 	@tools/valgrind-test.sh

@@ -1,20 +1,27 @@
 #!/bin/bash
-# Install what building and testing the patched interpreter needs.  As
-# root, missing Debian packages are installed; otherwise the exact command
-# is printed and the script fails.
+# Install the Debian packages a make target needs.  As root, missing
+# packages are installed; otherwise the exact command is printed and the
+# script fails.  Each target asks for its own mode, so that building and
+# using the interpreter does not install the test toolchain:
 #
-#   tools/install-deps.sh          build, demo and test dependencies
+#   tools/install-deps.sh          build the interpreter, use it with perf
+#                                  and gdb (make, make demo, make install)
+#   tools/install-deps.sh test     ... plus what the tests run: the arm64
+#                                  cross compiler and qemu (the template
+#                                  tests), bpftrace, Debian's compiled
+#                                  extensions
 #   tools/install-deps.sh bench    ... plus hyperfine (kept for manual use)
 #   tools/install-deps.sh jit      ... plus a private perf >= 6.8 (below)
 #   tools/install-deps.sh debian   ... plus what make debian's configuration
 #                                  (Debian's own) uses beyond ours
-#   tools/install-deps.sh aarch64  ... plus gdb-multiarch and arm64
-#                                  libraries in a private sysroot (below)
-#   tools/install-deps.sh fresh    ... plus debootstrap (make test-fresh)
+#   tools/install-deps.sh aarch64  ... plus the cross toolchain, qemu,
+#                                  gdb-multiarch and arm64 libraries in a
+#                                  private sysroot (below)
+#   tools/install-deps.sh fresh    only debootstrap and git (make test-fresh)
 #
 # Packages are installed without their recommends, so every package the
 # build, the demo or the tests run is named here (a clean Debian 12 root,
-# make test-fresh, proves the list complete).
+# make test-fresh, proves the lists complete).
 #
 # "jit": `perf inject --jit` only merges DWARF-unwound jitdump frames
 # correctly from perf 6.8 on; Debian 12 ships 6.1.  The system's perf is
@@ -27,27 +34,33 @@
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 
+# Every build (configured --with-dtrace, hence systemtap-sdt-dev), and
+# what using the interpreter takes: perf and gdb.  What make demo's flame
+# graph needs beyond these belongs in this list too.
 PACKAGES=(build-essential pkg-config autoconf2.69 git patch libffi-dev zlib1g-dev
           libssl-dev libbz2-dev liblzma-dev libsqlite3-dev libreadline-dev
-          libncurses-dev uuid-dev libgdbm-dev libgdbm-compat-dev gdb
-          linux-perf binutils gcc-aarch64-linux-gnu libc6-dev-arm64-cross
-          qemu-user-static systemtap-sdt-dev
-          # test_probes: a bpftrace one-liner on the probes under -X perf
-          bpftrace
-          # Debian's compiled extensions, run by test_extensions under -X perf
-          python3-numpy python3-lxml python3-yaml python3-greenlet
-          python3-gevent)
+          libncurses-dev uuid-dev libgdbm-dev libgdbm-compat-dev
+          systemtap-sdt-dev linux-perf binutils gdb)
+# The arm64 cross compiler and the emulator that runs its output.
+CROSS_PACKAGES=(gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user-static)
 MODE=${1:-}
 case $MODE in
 "" | jit) ;;
+test) PACKAGES+=("${CROSS_PACKAGES[@]}"
+                 # test_probes: a bpftrace one-liner on the probes under -X perf
+                 bpftrace
+                 # Debian's compiled extensions, run by test_extensions
+                 # under -X perf
+                 python3-numpy python3-lxml python3-yaml python3-greenlet
+                 python3-gevent) ;;
 bench) PACKAGES+=(hyperfine) ;;
 # dpkg-buildflags, the system expat, Berkeley DB for dbm (Debian's
 # --with-dbmliborder=bdb:gdbm), xz for Debian's tarball.
 debian) PACKAGES+=(dpkg-dev libexpat1-dev libdb-dev xz-utils) ;;
 fresh) PACKAGES=(debootstrap git) ;;
 # gdb for a remote aarch64 target (qemu's gdbstub), test_unwind.
-aarch64) PACKAGES+=(gdb-multiarch) ;;
-*) echo "install-deps: unknown mode '$MODE' (expected: bench, jit, debian, aarch64, fresh)" >&2
+aarch64) PACKAGES+=("${CROSS_PACKAGES[@]}" gdb-multiarch) ;;
+*) echo "install-deps: unknown mode '$MODE' (expected: test, bench, jit, debian, aarch64, fresh)" >&2
    exit 2 ;;
 esac
 PERF_JIT_MIN=6.8
