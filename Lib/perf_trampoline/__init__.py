@@ -759,7 +759,15 @@ def main(argv=None):
                                  help="withdraw the request if the process "
                                       "has not acted on it by then, "
                                       "instead of leaving it pending")
+    text = ("copy the perf maps of processes in containers to /tmp, where "
+            "perf looks once they have exited; follow them until then")
+    commands.add_parser("save-maps", help=text, description=text,
+                        formatter_class=_Formatter).add_argument(
+                            "pid", type=int, nargs="+")
     args = parser.parse_args(argv)
+    if args.command == "save-maps":
+        from perf_trampoline._namespaces import save_maps_main
+        return save_maps_main(args.pid)
     pid = args.pid
     try:
         if args.command == "status":

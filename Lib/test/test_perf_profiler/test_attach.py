@@ -16,31 +16,18 @@ import sys
 import tempfile
 import time
 import unittest
+from textwrap import dedent
 
 import perf_trampoline
 from test.test_perf_profiler.util import (
-    PerfTestCase, TIMEOUT, clean_env, jitdump_path, map_written_since,
-    needs_host, perf_record_works, read_map, record_samples,
-    skip_environment, write_script)
+    CHAIN, CHAIN_SOURCE, PerfTestCase, TIMEOUT, clean_env, jitdump_path,
+    map_written_since, needs_host, perf_record_works, read_map,
+    record_samples, skip_environment, write_script)
 
 # The target: work() calls outer -> middle -> inner and now and then
 # compiles a new function, until the file argv[2] exists; it checks every
 # result and ends by printing how many were wrong.
-TARGET = """\
-    import ctypes, os, sys, threading
-
-    def inner(n):
-        total = 0
-        for i in range(n):
-            total += i
-        return total
-
-    def middle():
-        return inner(3000)
-
-    def outer():
-        return middle()
-
+TARGET = "import ctypes, os, sys, threading\n\n" + CHAIN_SOURCE + dedent("""
     def fresh(k):
         namespace = {}
         exec(compile(f"def fresh_{k}():\\n    return {k}\\n", "generated.py",
@@ -105,9 +92,9 @@ TARGET = """\
             os._exit(0)
         os.waitpid(child, 0)
     print("bad", sum(r for r in results if r is not None), flush=True)
-    """
+    """)
 
-INNER_CHAIN = ["inner", "middle", "outer"]
+INNER_CHAIN = CHAIN
 
 
 def proc_stat(pid):

@@ -13,14 +13,16 @@ The API, in the order a test usually needs it:
   map format ("START SIZE py::<qualname>:<filename>").
 * clean_env(): the environment for a child interpreter, free of the
   perf switches this test run might have inherited.
-* perf_record_works(), record_samples(), parse_perf_script(), Sample:
-  run a command under "perf record -g" and read back its call chains.
+* perf_record_works(), record_samples(), script_samples(),
+  parse_perf_script(), Sample: run a command under "perf record -g" and
+  read back its call chains.
 * gdb_available(), gdb_backtrace(): frame names of a gdb "bt".
 * skip_environment(): skip a test this machine cannot run -- or, where
   the tests are required (CI), fail it.
 * needs_host(): mark a test that needs the host machine itself (perf,
   gdb or bpftrace on the interpreter, the host's extension modules): the
   run under qemu-user leaves it out.
+* CHAIN_SOURCE, CHAIN, CHAIN_RESULT: nested functions for targets.
 * PYTHON_FRAME_RECORDS: the interpreter keeps frame records on the
   Python call chain only.
 * ProfilerFiles: the snapshot/cleanup logic PerfTestCase uses, for tests
@@ -58,6 +60,25 @@ MAP_LINE_RE = re.compile(r"^([0-9a-f]+) ([0-9a-f]+) (py::.+)$")
 # trampolines keep frame records, and nothing else writes the frame
 # pointer register.
 PYTHON_FRAME_RECORDS = sysconfig.get_config_var("FRAME_POINTERS") == "python"
+
+
+# Source of outer() -> middle() -> inner(3000), whose samples tests look
+# for (CHAIN, innermost first); outer() returns CHAIN_RESULT.
+CHAIN_SOURCE = """\
+def inner(n):
+    total = 0
+    for i in range(n):
+        total += i
+    return total
+
+def middle():
+    return inner(3000)
+
+def outer():
+    return middle()
+"""
+CHAIN = ["inner", "middle", "outer"]
+CHAIN_RESULT = 4498500
 
 
 # ----------------------------------------------------------------------
@@ -512,11 +533,17 @@ def record_samples(args, directory, *, env=None, timeout=TIMEOUT,
         cwd=directory, timeout=timeout)
     if check and record.returncode != 0:
         return record, []
+    return record, script_samples(data, timeout=timeout)
+
+
+def script_samples(data, *, timeout=TIMEOUT):
+    """The samples of the perf.data file `data`, as "perf script" resolves
+    them now."""
     script = subprocess.run(
         ["perf", "script", "-i", data, "-F", "pid,ip,sym"],
         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
         errors="backslashreplace", timeout=timeout)
-    return record, parse_perf_script(script.stdout)
+    return parse_perf_script(script.stdout)
 
 
 # ----------------------------------------------------------------------
