@@ -2,6 +2,7 @@
 and mount namespaces, kept where perf on the host reads them once the
 processes have exited."""
 
+import glob
 import os
 import shutil
 import subprocess
@@ -12,8 +13,8 @@ import unittest
 from perf_trampoline._namespaces import NamespaceMaps
 from test.test_perf_profiler.util import (
     CHAIN, CHAIN_RESULT, CHAIN_SOURCE, PERF_RECORD, PerfTestCase, TIMEOUT,
-    clean_env, needs_host, perf_record_works, script_samples,
-    skip_environment)
+    clean_env, needs_host, parse_perf_script, perf_record_works,
+    script_samples, skip_environment)
 
 # Runs outer -> middle -> inner until its stdin is closed, then makes one
 # more function, last_words(), and spends its last moments in it: its map
@@ -53,21 +54,23 @@ class NamespaceMapsTest(PerfTestCase):
             skip_environment(f"unshare -pfm --mount-proc with a tmpfs on "
                              f"/tmp fails here: {probe.stderr.strip()}")
 
-    def start(self, private_tmp=True):
-        """Start TARGET in its own PID and mount namespaces (with a tmpfs
-        of its own on /tmp if `private_tmp`); return (Popen, host pid, pid
-        in its namespace) once it has written its map."""
+    def start(self, private_tmp=True, pid_namespace=True, backend="perf"):
+        """Start TARGET in its own mount namespace, and PID namespace if
+        `pid_namespace` (with a tmpfs of its own on /tmp if
+        `private_tmp`); return (Popen, host pid, pid in its namespace)
+        once it has written its map."""
         shell = ["sh", "-c", PRIVATE_TMP] if private_tmp else []
+        spaces = ["-pfm", "--mount-proc"] if pid_namespace else ["-fm"]
         proc = subprocess.Popen(
-            [self.unshare, "-pfm", "--mount-proc", *shell, sys.executable,
-             "-X", "perf", "-c", TARGET],
+            [self.unshare, *spaces, *shell, sys.executable, "-X", backend,
+             "-c", TARGET],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE,
             stderr=subprocess.PIPE, text=True, env=clean_env())
         self.addCleanup(self.finish, proc)
         nspid = int(proc.stdout.readline())
         with open(f"/proc/{proc.pid}/task/{proc.pid}/children") as f:
             pid, = map(int, f.read().split())
-        self.assertNotEqual(pid, nspid)
+        self.assertEqual(pid != nspid, pid_namespace)
         self.files.add_pid(pid)
         self.files.add_pid(nspid)
         return proc, pid, nspid
@@ -85,6 +88,17 @@ class NamespaceMapsTest(PerfTestCase):
             raise
         self.assertEqual(proc.returncode, 0, err)
         return out, err
+
+    def record(self, command, data):
+        """Start perf `command` (perf record ... -o `data`); return it once
+        it has opened its events (it writes the header then)."""
+        record = subprocess.Popen(command, stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True)
+        self.addCleanup(record.kill)
+        while record.poll() is None and not (
+                os.path.exists(data) and os.path.getsize(data) > 0):
+            time.sleep(0.05)
+        return record
 
     def warnings(self):
         found = []
@@ -105,9 +119,8 @@ class NamespaceMapsTest(PerfTestCase):
         self.assertTrue(maps.watch(pid))
         self.addCleanup(maps.close)
         data = os.path.join(self.tmpdir, "perf.data")
-        record = subprocess.Popen(
-            [*PERF_RECORD, "-p", str(pid), "-o", data],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        record = self.record([*PERF_RECORD, "-p", str(pid), "-o", data],
+                             data)
         # Samples of the loop, then of last_words().
         for _ in range(4):
             time.sleep(0.25)
@@ -153,6 +166,49 @@ class NamespaceMapsTest(PerfTestCase):
         # It wrote the host's /tmp/perf-NSPID.map: perf looks for
         # /tmp/perf-PID.map once the process is gone.
         self.check_profile(private_tmp=False)
+
+    def test_jitdump(self):
+        # In our PID namespace with a private /tmp (systemd's PrivateTmp):
+        # perf inject finds the copy of the dump once the process is gone.
+        from test.test_perf_profiler.test_jit import (
+            PERF, perf_jit_skip_reason)
+        reason = perf_jit_skip_reason()
+        if reason:
+            skip_environment(reason)
+        proc, pid, _ = self.start(pid_namespace=False, backend="perf_jit")
+        self.addCleanup(lambda: [os.unlink(path) for path in glob.glob(
+            f"/tmp/jitted-{pid}-*.so")])
+        warnings, warn = self.warnings()
+        maps = NamespaceMaps(warn)
+        self.assertTrue(maps.watch(pid))
+        self.addCleanup(maps.close)
+        data = os.path.join(self.tmpdir, "perf.data")
+        perf = [PERF, "--buildid-dir", os.path.join(self.tmpdir, "debug")]
+        record = self.record(
+            [*perf, "record", "-q", "--no-buildid-cache", "-k", "1", "-e",
+             "cpu-clock", "-F", "999", "--call-graph", "dwarf", "-p",
+             str(pid), "-o", data], data)
+        time.sleep(0.5)
+        maps.update()
+        self.finish(proc)
+        _, err = record.communicate(timeout=TIMEOUT)
+        self.assertEqual(record.returncode, 0, err)
+        self.assertEqual(maps.close(), [f"/tmp/jit-{pid}.dump"])
+        self.assertEqual(warnings, [])
+
+        injected = os.path.join(self.tmpdir, "perf.jit.data")
+        inject = subprocess.run(
+            [*perf, "inject", "--jit", "-i", data, "-o", injected],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            timeout=TIMEOUT)
+        self.assertEqual(inject.returncode, 0, inject.stderr)
+        script = subprocess.run(
+            [*perf, "script", "-i", injected, "-F", "pid,ip,sym"],
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+            errors="backslashreplace", timeout=TIMEOUT)
+        chains = [sample.python_frames("<string>")
+                  for sample in parse_perf_script(script.stdout)]
+        self.assertIn(CHAIN + ["last_words", "<module>"], chains)
 
     def test_symlink_not_followed(self):
         proc, pid, _ = self.start()
