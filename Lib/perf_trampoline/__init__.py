@@ -3,6 +3,10 @@
     python3.11 -I -m perf_trampoline attach PID [--backend perf|perf_jit]
     python3.11 -I -m perf_trampoline detach PID
     python3.11 -I -m perf_trampoline status PID
+    python3.11 -I -m perf_trampoline record [-p PID | -- COMMAND ...]
+
+(record runs perf with the right options and writes reports: see
+perf_trampoline._record and "record --help".)
 
 Run it as root with -I (isolated mode): without it, `python -m` puts the
 current directory first on sys.path, and a module there would run as root.
@@ -764,10 +768,14 @@ def main(argv=None):
     commands.add_parser("save-maps", help=text, description=text,
                         formatter_class=_Formatter).add_argument(
                             "pid", type=int, nargs="+")
+    from perf_trampoline import _record
+    _record.add_parser(commands, _Formatter)
     args = parser.parse_args(argv)
     if args.command == "save-maps":
         from perf_trampoline._namespaces import save_maps_main
         return save_maps_main(args.pid)
+    if args.command == "record":
+        return _record.run(args)
     pid = args.pid
     try:
         if args.command == "status":

@@ -1,0 +1,616 @@
+"""python3.11 -m perf_trampoline record: perf with the right options, then
+the reports.
+
+    record [-o DIR] [--jit] [-F HZ] [--perf PATH] -- COMMAND [ARG...]
+    record -p PID [--seconds N] [-o DIR] [--jit] [-F HZ] [--perf PATH]
+
+Frame pointers (the default, backend "perf"):
+    perf record -g -e cpu-clock -F HZ
+--jit (backend "perf_jit", for builds without frame pointers):
+    perf record -k 1 --call-graph dwarf -e cpu-clock -F HZ, then
+    perf inject --jit into DIR/perf.data; needs perf >= 6.8, whose
+    inject merges DWARF-unwound jitdump frames correctly.
+cpu-clock is a software event: it works in virtual machines too.
+
+A COMMAND gets PYTHONPERFSUPPORT=1 (--jit: PYTHON_PERF_JIT_SUPPORT=1).
+perf runs it as its child, in its own process group; a small exec helper
+moves the command back into ours (the terminal's foreground job) and
+gives it our stderr, so that Ctrl-C reaches the command, never perf,
+exactly as it would without us, and perf's own messages go to
+DIR/perf-record.log.  Recording ends when the command exits; its exit
+status is ours.
+
+A running process (-p) is switched with this package's attach() unless
+trampolines are on with the right backend already, and switched back
+(detach(), or attach() of the backend it had) when recording ends, also
+on Ctrl-C, SIGTERM or an error.  Recording ends after --seconds, on
+Ctrl-C or SIGTERM, or when the process exits.
+
+Processes in other PID or mount namespaces write their maps where the
+host's perf does not look: _namespaces.NamespaceMaps copies them for the
+process, or every descendant of the command, while recording.
+"""
+
+import argparse
+import os
+import re
+import selectors
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+from perf_trampoline import (RemoteError, _stat_fields, attach, detach,
+                             status)
+
+# perf inject --jit merges DWARF-unwound jitdump frames correctly from 6.8.
+PERF_JIT_MIN = (6, 8)
+DEFAULT_HZ = 999
+# How often the loop wakes: signals, the process tree, progress.
+TICK = 0.25
+# Namespace map copies, and progress lines when stderr is not a tty.
+UPDATE_INTERVAL = 0.5
+PLAIN_PROGRESS_INTERVAL = 10.0
+# How long perf record -p may take to start recording.
+READY_TIMEOUT = 60.0
+SI_KERNEL = 0x80    # siginfo si_code of a signal the terminal sent
+ENV_VARS = {"perf": "PYTHONPERFSUPPORT", "perf_jit": "PYTHON_PERF_JIT_SUPPORT"}
+LOG_NAME = "perf-record.log"
+
+HELP = """\
+Writes DIR/perf.data (already injected with --jit) and the reports made
+from it, and prints their paths, one per line, on stdout.  DIR defaults to
+perf-record-YYYYmmdd-HHMMSS in the current directory; a DIR that holds a
+perf.data is refused unless --force.  perf's own messages are in
+DIR/perf-record.log.
+
+COMMAND runs with PYTHONPERFSUPPORT=1 (--jit: PYTHON_PERF_JIT_SUPPORT=1),
+with the terminal's stdin, stdout and stderr; Ctrl-C reaches it as it would
+without perf, and recording ends when it exits.  Exit status: the
+command's (128+N if signal N killed it).
+
+-p PID: switches perf trampolines on in the process (unless they are on
+with the right backend) and back when recording ends: after --seconds, on
+Ctrl-C or SIGTERM, or when the process exits.  With --jit, samples taken
+before the switch have no jitdump.  Exit status 0.
+
+Exit status 2: bad input or an error (no perf, perf too old for --jit, a
+process that is not this patched Python, ...), said in one line.
+"""
+
+
+class RecordError(Exception):
+    """Said in one line; exit status 2."""
+
+
+def add_parser(commands, formatter_class):
+    """Add the record subcommand to the subparsers action `commands`."""
+    text = "run perf on a command or a running process, then make reports"
+    parser = commands.add_parser(
+        "record", help=text, description=text, epilog=HELP,
+        formatter_class=formatter_class,
+        usage="%(prog)s [options] -- COMMAND [ARG...]\n"
+              "       %(prog)s [options] -p PID [--seconds N]")
+    parser.add_argument("-p", "--pid", type=int,
+                        help="record this running process")
+    parser.add_argument("--seconds", type=float,
+                        help="with -p: stop after this many seconds "
+                             "(default: at Ctrl-C or when it exits)")
+    parser.add_argument("-o", "--output", metavar="DIR",
+                        help="directory to write to")
+    parser.add_argument("--force", action="store_true",
+                        help="write into DIR even if it holds a perf.data")
+    parser.add_argument("--jit", action="store_true",
+                        help="backend perf_jit, DWARF unwinding and perf "
+                             "inject --jit (perf >= 6.8)")
+    parser.add_argument("-F", "--freq", type=int, default=DEFAULT_HZ,
+                        metavar="HZ",
+                        help=f"samples per second (default {DEFAULT_HZ})")
+    parser.add_argument("--perf", metavar="PATH",
+                        help="the perf to run (default: $PERF, else perf "
+                             "on PATH)")
+    parser.add_argument("argv", nargs=argparse.REMAINDER,
+                        help=argparse.SUPPRESS)
+    return parser
+
+
+# ----------------------------------------------------------------------
+# perf
+
+def find_perf(given, jit):
+    """Path of the perf to run, checked to run (and, for --jit, to be new
+    enough); RecordError otherwise."""
+    name = given or os.environ.get("PERF") or "perf"
+    how = ("--perf" if given else "$PERF" if os.environ.get("PERF")
+           else "PATH")
+    path = shutil.which(name) if os.sep not in name else name
+    if path is None or not os.path.isfile(path):
+        raise RecordError(f"no perf found ({name!r} from {how}): install "
+                          f"perf (Debian: linux-perf) or name one with "
+                          f"--perf PATH")
+    try:
+        proc = subprocess.run([path, "version"], stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True,
+                              errors="replace", timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise RecordError(f"{path} does not run: {exc}") from None
+    match = re.search(r"perf version (\d+)\.(\d+)", proc.stdout)
+    if proc.returncode != 0 or match is None:
+        raise RecordError(f"{path} is not perf: 'version' said "
+                          f"{proc.stdout.strip()[:80]!r}")
+    version = (int(match.group(1)), int(match.group(2)))
+    if jit and version < PERF_JIT_MIN:
+        raise RecordError(
+            f"--jit needs perf >= {PERF_JIT_MIN[0]}.{PERF_JIT_MIN[1]} (perf "
+            f"inject --jit of DWARF-unwound frames); {path} is "
+            f"{version[0]}.{version[1]}: name a newer one with --perf PATH "
+            f"or $PERF (this project's: tools/install-deps.sh jit)")
+    return path
+
+
+def record_options(jit, hz):
+    """perf record's options for the mode."""
+    if jit:
+        # -k 1: CLOCK_MONOTONIC, the clock of the jitdump's timestamps.
+        return ["-k", "1", "--call-graph", "dwarf", "-e", "cpu-clock",
+                "-F", str(hz)]
+    return ["-g", "-e", "cpu-clock", "-F", str(hz)]
+
+
+def inject(perf, raw, data):
+    """perf inject --jit from `raw` into `data`; RecordError on failure."""
+    proc = subprocess.run([perf, "inject", "--jit", "-i", raw, "-o", data],
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True, errors="replace")
+    if proc.returncode != 0:
+        raise RecordError(f"perf inject --jit failed (exit "
+                          f"{proc.returncode}): {_first_line(proc.stdout)}; "
+                          f"the recording is {raw}")
+    os.unlink(raw)
+
+
+def _first_line(text):
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    errors = [line for line in lines if "rror" in line or "ailed" in line]
+    return (errors or lines or ["no output"])[0]
+
+
+def _samples(log_path):
+    """The sample count perf record's closing line gives, or None if it
+    wrote none (it failed)."""
+    try:
+        with open(log_path, errors="replace") as f:
+            text = f.read()
+    except OSError:
+        return None
+    match = re.search(r"perf record: Captured and wrote .*", text)
+    if match is None:
+        return None
+    # Without samples the line gives no count.
+    count = re.search(r"\((\d+) samples?\)", match.group())
+    return int(count.group(1)) if count else 0
+
+
+def _log_failure(log_path, returncode):
+    try:
+        with open(log_path, errors="replace") as f:
+            said = _first_line(f.read())
+    except OSError:
+        said = "no output"
+    return (f"perf record failed (exit {returncode}): {said} (all of it: "
+            f"{log_path})")
+
+
+# ----------------------------------------------------------------------
+# Processes
+
+# Runs between perf's fork and the command: back into our process group
+# (so the terminal's Ctrl-C reaches the command, not perf), our stderr
+# back in place of perf's log.  -I -S: no environment, no site; it
+# ignores PYTHONPERFSUPPORT, which the command gets.
+_EXEC_HELPER = """\
+import os, sys
+pgid, fd, *command = sys.argv[1:]
+try:
+    os.setpgid(0, int(pgid))
+except OSError:
+    pass
+os.dup2(int(fd), 2)
+os.close(int(fd))
+try:
+    os.execvp(command[0], command)
+except OSError as exc:
+    sys.stderr.write(f"perf_trampoline: cannot run {command[0]}: "
+                     f"{exc.strerror}\\n")
+    os._exit(127)
+"""
+
+
+def _spawn(args, log_fd, env, old_mask):
+    """Start `args` in a process group of its own, stderr to `log_fd`,
+    with the signal mask and default dispositions we were started with."""
+    return os.posix_spawn(
+        args[0], args, env, file_actions=[
+            (os.POSIX_SPAWN_DUP2, log_fd, 2)],
+        setpgroup=0, setsigmask=old_mask,
+        setsigdef=(signal.SIGPIPE, signal.SIGXFSZ))
+
+
+def _children():
+    """{ppid: [pid, ...]} of every process /proc shows."""
+    tree = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            fields = _stat_fields(name)
+            if fields is not None:
+                tree.setdefault(int(fields[1][1]), []).append(int(name))
+    return tree
+
+
+def descendants(root):
+    """Pids of the processes below `root`, now."""
+    tree = _children()
+    found = []
+    todo = list(tree.get(root, ()))
+    while todo:
+        pid = todo.pop()
+        found.append(pid)
+        todo.extend(tree.get(pid, ()))
+    return found
+
+
+def _alive(pid):
+    fields = _stat_fields(pid)
+    return fields is not None and fields[1][0] not in ("Z", "X")
+
+
+def _signal_name(signum):
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
+# ----------------------------------------------------------------------
+# Recording
+
+class _Progress:
+    """Elapsed time and perf.data's size on stderr: one updating line on a
+    terminal, else a line every PLAIN_PROGRESS_INTERVAL seconds."""
+
+    def __init__(self, data_path):
+        self.data_path = data_path
+        self.start = time.monotonic()
+        self.tty = sys.stderr.isatty()
+        self.last = self.start
+        self.shown = False
+
+    def tick(self):
+        now = time.monotonic()
+        if not self.tty and now - self.last < PLAIN_PROGRESS_INTERVAL:
+            return
+        self.last = now
+        try:
+            size = os.stat(self.data_path).st_size
+        except OSError:
+            size = 0
+        line = (f"perf_trampoline: recording {now - self.start:.0f} s, "
+                f"perf.data {size / 1e6:.1f} MB")
+        if self.tty:
+            sys.stderr.write(f"\r{line}\x1b[K")
+            self.shown = True
+        else:
+            sys.stderr.write(line + "\n")
+        sys.stderr.flush()
+
+    def done(self):
+        if self.shown:
+            sys.stderr.write("\r\x1b[K")
+            sys.stderr.flush()
+
+
+class Recorder:
+    """One perf record run: its process, the loop that watches it and the
+    signals, the namespace maps."""
+
+    def __init__(self, args, perf, out_dir, old_mask):
+        from perf_trampoline import _namespaces
+        self.args = args
+        self.perf = perf
+        self.backend = "perf_jit" if args.jit else "perf"
+        self.data = os.path.join(out_dir, "perf.data")
+        self.recorded = (os.path.join(out_dir, "perf.raw.data")
+                         if args.jit else self.data)
+        self.log = os.path.join(out_dir, LOG_NAME)
+        self.old_mask = old_mask
+        self.maps = _namespaces.NamespaceMaps()
+        self.watched = set()
+        self.perf_pid = None
+        self.status = None          # perf's wait status, once reaped
+        self.control = None         # -p: perf's control fd, our end
+        self.signals = []           # (signum, from the terminal)
+
+    def start(self, target):
+        """Start perf record on `target` (["-p", PID] or the command's
+        argv after "--")."""
+        args = [self.perf, "record", *record_options(self.args.jit,
+                                                     self.args.freq),
+                "-o", self.recorded]
+        env = dict(os.environ)
+        err_fd = None
+        ready = None
+        if target[0] == "-p":
+            # perf acknowledges a ping once it records (its main loop).
+            control, ping = os.pipe()
+            ready, ack = os.pipe()
+            for fd in (control, ack):
+                os.set_inheritable(fd, True)
+            args += ["--control", f"fd:{control},{ack}", *target]
+        else:
+            for name in ENV_VARS.values():
+                env.pop(name, None)
+            env[ENV_VARS[self.backend]] = "1"
+            err_fd = os.dup(2)
+            os.set_inheritable(err_fd, True)
+            args += ["--", sys.executable, "-I", "-S", "-c", _EXEC_HELPER,
+                     str(os.getpgrp()), str(err_fd), *target]
+        log_fd = os.open(self.log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC
+                         | os.O_CLOEXEC, 0o644)
+        try:
+            self.perf_pid = _spawn(args, log_fd, env, self.old_mask)
+        except OSError as exc:
+            raise RecordError(f"cannot run {self.perf}: {exc}") from None
+        finally:
+            os.close(log_fd)
+            if err_fd is not None:
+                os.close(err_fd)
+            if ready is not None:
+                os.close(control)
+                os.close(ack)
+        if ready is not None:
+            # Open while perf runs: a hang-up of its control fd makes
+            # perf 6.1 to 6.12 fail ("pollfd index mismatch").
+            self.control = ping
+            self._wait_ready(ping, ready)
+
+    def _wait_ready(self, ping, ready):
+        """Until perf answers a ping (it records), or ends (it failed:
+        finish() says why)."""
+        try:
+            os.write(ping, b"ping\n")
+            with selectors.DefaultSelector() as selector:
+                selector.register(ready, selectors.EVENT_READ)
+                deadline = time.monotonic() + READY_TIMEOUT
+                while time.monotonic() < deadline and not self._reap():
+                    if selector.select(TICK):
+                        os.read(ready, 64)  # "ack", or EOF: perf ended
+                        return
+            if self._reap():
+                return
+            raise RecordError(f"perf record did not start within "
+                              f"{READY_TIMEOUT:g} s")
+        except BrokenPipeError:
+            pass                        # perf ended: finish() says why
+        finally:
+            os.close(ready)
+
+    def _reap(self):
+        if self.status is None:
+            pid, status = os.waitpid(self.perf_pid, os.WNOHANG)
+            if pid:
+                self.status = status
+        return self.status is not None
+
+    def stop(self):
+        """SIGINT to perf (it writes its data and ends), then wait."""
+        if self.perf_pid is not None and not self._reap():
+            os.kill(self.perf_pid, signal.SIGINT)
+            _, self.status = os.waitpid(self.perf_pid, 0)
+        if self.control is not None:
+            os.close(self.control)
+            self.control = None
+
+    def watch(self, pid):
+        if pid not in self.watched:
+            self.watched.add(pid)
+            self.maps.watch(pid)
+
+    def loop(self, pid=None, seconds=None, on_signal=None):
+        """Until perf ends, or `seconds` pass, or (with `pid`) that
+        process exits: progress, namespace maps, signals, each passed to
+        on_signal(signum, from_terminal), which returns True to stop."""
+        progress = _Progress(self.recorded)
+        started = time.monotonic()
+        updated = started
+        try:
+            while not self._reap():
+                info = signal.sigtimedwait((signal.SIGINT, signal.SIGTERM),
+                                           TICK)
+                if info is not None:
+                    self.signals.append(info.si_signo)
+                    if on_signal(info.si_signo, info.si_code == SI_KERNEL):
+                        break
+                now = time.monotonic()
+                if pid is None:
+                    for child in descendants(self.perf_pid):
+                        self.watch(child)
+                elif not _alive(pid):
+                    break
+                if seconds is not None and now - started >= seconds:
+                    break
+                if now - updated >= UPDATE_INTERVAL:
+                    self.maps.update()
+                    updated = now
+                progress.tick()
+        finally:
+            progress.done()
+
+    def finish(self):
+        """Stop perf if it runs; the sample count; RecordError if perf
+        failed."""
+        self.stop()
+        samples = _samples(self.log)
+        if samples is None:
+            raise RecordError(_log_failure(
+                self.log, os.waitstatus_to_exitcode(self.status)))
+        return samples
+
+    def close_maps(self):
+        return self.maps.close()
+
+
+def _record_command(recorder, command):
+    def forward(signum, from_terminal):
+        # The terminal's signal reached the command's process group
+        # (ours) already; another one (kill PID) is passed on.
+        if not from_terminal:
+            for child in _children().get(recorder.perf_pid, ()):
+                os.kill(child, signum)
+        return False
+
+    recorder.start(command)
+    recorder.loop(on_signal=forward)
+    return recorder.finish()
+
+
+def _status(pid):
+    """The backend on in process `pid` (None: off); RecordError if it is
+    not this patched Python or cannot be read."""
+    try:
+        return status(pid)[0]
+    except RemoteError as exc:
+        raise RecordError(str(exc)) from None
+
+
+def _record_pid(recorder, pid):
+    active = _status(pid)
+    recorder.start(["-p", str(pid)])
+    switched = False
+    try:
+        if active != recorder.backend:
+            try:
+                done = attach(pid, recorder.backend)
+            except RemoteError as exc:
+                raise RecordError(str(exc)) from None
+            switched = True
+            if not done:
+                print(f"perf_trampoline: process {pid} has not switched yet "
+                      f"(blocked); it will when it next runs Python code",
+                      file=sys.stderr)
+        recorder.watch(pid)
+        recorder.loop(pid=pid, seconds=recorder.args.seconds,
+                      on_signal=lambda signum, from_terminal: True)
+        samples = recorder.finish()
+    finally:
+        recorder.stop()
+        if switched and _alive(pid):
+            try:
+                if active is None:
+                    detach(pid)
+                else:
+                    attach(pid, active)
+            except RemoteError as exc:
+                print(f"perf_trampoline: could not switch process {pid} "
+                      f"back: {exc}", file=sys.stderr)
+    return samples
+
+
+# ----------------------------------------------------------------------
+# The command
+
+def _out_dir(args):
+    path = args.output or time.strftime("perf-record-%Y%m%d-%H%M%S")
+    if os.path.exists(os.path.join(path, "perf.data")) and not args.force:
+        raise RecordError(f"{path} holds a perf.data already: name another "
+                          f"directory with -o, or overwrite it with --force")
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as exc:
+        raise RecordError(f"cannot create {path}: {exc.strerror}") from None
+    return os.path.abspath(path)
+
+
+def _check_args(args):
+    command = args.argv[1:] if args.argv[:1] == ["--"] \
+        else args.argv
+    if args.pid is None and not command:
+        raise RecordError("record needs a COMMAND (after --) or -p PID")
+    if args.pid is not None and command:
+        raise RecordError("record takes -p PID or a COMMAND, not both")
+    if args.seconds is not None and (args.pid is None or args.seconds <= 0):
+        raise RecordError("--seconds N (N > 0) goes with -p PID")
+    if args.freq <= 0:
+        raise RecordError("-F HZ must be a positive number")
+    if command and shutil.which(command[0]) is None:
+        raise RecordError(f"command not found: {command[0]}")
+    return command
+
+
+def run(args):
+    """The record subcommand; returns the exit status."""
+    try:
+        command = _check_args(args)
+        perf = find_perf(args.perf, args.jit)
+        if args.pid is not None:
+            _status(args.pid)
+        out_dir = _out_dir(args)
+    except RecordError as exc:
+        print(f"perf_trampoline: {exc}", file=sys.stderr)
+        return 2
+    # Signals wait for the loop (sigtimedwait), which decides: nothing
+    # may interrupt a switch of the target or its switching back.
+    watched = {signal.SIGINT, signal.SIGTERM}
+    old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, watched)
+    recorder = Recorder(args, perf, out_dir, old_mask)
+    try:
+        if command:
+            samples = _record_command(recorder, command)
+        else:
+            samples = _record_pid(recorder, args.pid)
+        if args.jit and samples:
+            inject(perf, recorder.recorded, recorder.data)
+    except RecordError as exc:
+        print(f"perf_trampoline: {exc}", file=sys.stderr)
+        return 2
+    finally:
+        recorder.stop()
+        host_maps = recorder.close_maps()
+        # Signals that came meanwhile are taken here, not raised later.
+        while signal.sigtimedwait(watched, 0) is not None:
+            pass
+        signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
+    return _report(recorder, perf, out_dir, command, samples, host_maps)
+
+
+def _report(recorder, perf, out_dir, command, samples, host_maps):
+    exit_code = 0
+    if command:
+        exit_code = os.waitstatus_to_exitcode(recorder.status)
+        if exit_code < 0:
+            print(f"perf_trampoline: the command was killed by "
+                  f"{_signal_name(-exit_code)}", file=sys.stderr)
+            exit_code = 128 - exit_code
+        elif exit_code:
+            print(f"perf_trampoline: the command exited with status "
+                  f"{exit_code}", file=sys.stderr)
+    paths = [recorder.data] if samples else []
+    if samples:
+        from perf_trampoline import _reports
+        try:
+            paths += [path for _, path in _reports.write_reports(
+                perf, recorder.data, out_dir)]
+        except _reports.ReportError as exc:
+            print(f"perf_trampoline: no reports: {exc}", file=sys.stderr)
+            exit_code = exit_code or 2
+        except KeyboardInterrupt:
+            print(f"perf_trampoline: interrupted while writing the reports; "
+                  f"{recorder.data} is complete", file=sys.stderr)
+            return 130
+    else:
+        print("perf_trampoline: perf recorded no samples: no reports",
+              file=sys.stderr)
+    print(f"perf_trampoline: {samples} samples", file=sys.stderr)
+    for path in paths + list(host_maps):
+        print(path)
+    return exit_code

@@ -1,0 +1,392 @@
+"""python -m perf_trampoline record (Lib/perf_trampoline/_record.py).
+
+End to end with real perf: a command and a running process, with frame
+pointers and with --jit (perf >= 6.8, PERF as in test_jit; the command
+runs under PERF_NOFP_PYTHON when set); the Python call chain must be in
+perf.data.  Bad input must give one line on stderr and exit status 2, and
+leave the named process alone.
+"""
+
+import glob
+import os
+import pty
+import signal
+import subprocess
+import sys
+import sysconfig
+import time
+import unittest
+
+from test.test_perf_profiler.test_attach import INNER_CHAIN, TARGET
+from test.test_perf_profiler.util import (
+    PerfTestCase, TIMEOUT, clean_env, needs_host, parse_perf_script,
+    perf_record_works, skip_environment, write_script)
+
+# Calls top -> mid -> leaf, then exits with status argv[1]; a SIGINT is
+# answered with a line, after a pause perf's SIGTERM would cut short.
+COMMAND = """\
+    import signal, sys, time
+
+    def leaf(n):
+        total = 0
+        for i in range(n):
+            total += i
+        return total
+
+    def mid(n):
+        return leaf(n)
+
+    def top(rounds):
+        for _ in range(rounds):
+            mid(20000)
+
+    def interrupted(signum, frame):
+        time.sleep(0.3)
+        print("handled SIGINT", file=sys.stderr, flush=True)
+        sys.exit(5)
+
+    signal.signal(signal.SIGINT, interrupted)
+    print("started", file=sys.stderr, flush=True)
+    top(int(sys.argv[2]))
+    while sys.argv[3] == "forever":
+        top(10)
+    print("done", file=sys.stderr)
+    sys.exit(int(sys.argv[1]))
+    """
+
+CHAIN = ["leaf", "mid", "top"]
+# The -p tests record test_attach's target, mode "busy".
+OUTPUTS = ["perf.data", "perf.script"]
+
+
+def proc_state(pid):
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rpartition(")")[2].split()[0]
+
+
+class RecordTestCase(PerfTestCase):
+
+    perf = "perf"
+    python = sys.executable
+    env = {}
+
+    def setUp(self):
+        super().setUp()
+        self.out = os.path.join(self.tmpdir, "out")
+        # perf inject --jit caches the ELF files it writes: here, not in
+        # ~/.debug.
+        self.env = clean_env(PERF=None,
+                             PERF_BUILDID_DIR=os.path.join(self.tmpdir,
+                                                           "debug"))
+        self.addCleanup(self.remove_jitted)
+
+    def tool(self, *args, timeout=TIMEOUT, **kwargs):
+        """python -I -m perf_trampoline record ARGS, CompletedProcess."""
+        return subprocess.run(
+            [sys.executable, "-I", "-m", "perf_trampoline", "record",
+             *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            text=True, env=self.env, cwd=self.tmpdir, timeout=timeout,
+            **kwargs)
+
+    def command(self, status=0, rounds=100, forever=False):
+        path = write_script(self.tmpdir, COMMAND, "command.py")
+        return [self.python, path, str(status), str(rounds),
+                "forever" if forever else "once"]
+
+    def start_target(self, *python_args):
+        """Start test_attach's target; return its pid."""
+        path = write_script(self.tmpdir, TARGET, "target.py")
+        stop = os.path.join(self.tmpdir, "stop")
+        proc = subprocess.Popen([self.python, *python_args, path, "busy",
+                                 stop],
+                                stdout=subprocess.PIPE, text=True,
+                                env=clean_env(), cwd=self.tmpdir)
+        self.addCleanup(self.stop_target, proc, stop)
+        pid = int(proc.stdout.readline())
+        self.files.add_pid(pid)
+        return pid
+
+    def stop_target(self, proc, stop):
+        open(stop, "w").close()
+        try:
+            out, _ = proc.communicate(timeout=TIMEOUT)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, _ = proc.communicate()
+        # It checks every result it computed.
+        self.assertEqual(out, "bad 0\n")
+
+    def assertRecorded(self, result, name="command.py", chain=CHAIN):
+        """The paths record printed, perf.data first, and `chain` in it:
+        Python frames of the script `name`, innermost first.  Returns the
+        chains of the samples."""
+        expected = OUTPUTS
+        paths = result.stdout.splitlines()[-len(expected):]
+        self.assertEqual(paths, [os.path.join(self.out, name)
+                                 for name in expected], result.stderr)
+        for path in paths:
+            self.assertTrue(os.path.isfile(path), path)
+        script = subprocess.run(
+            [self.perf, "script", "-i", paths[0], "-F", "pid,ip,sym"],
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+            errors="backslashreplace", env=self.env, timeout=TIMEOUT)
+        samples = parse_perf_script(script.stdout)
+        for sample in samples:
+            self.files.add_pid(sample.header.split()[0])
+        path = os.path.join(self.tmpdir, name)
+        chains = [s.python_frames(path) for s in samples]
+        self.assertIn(chain, [c[:len(chain)] for c in chains])
+        return chains
+
+    def remove_jitted(self):
+        for pid in self.files.pids:
+            for path in glob.glob(f"/tmp/jitted-{pid}-*.so"):
+                os.unlink(path)
+
+
+@needs_host("perf")
+class RecordTests(RecordTestCase):
+
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        reason = perf_record_works()
+        if reason:
+            skip_environment(reason)
+
+    def test_command(self):
+        result = self.tool("-o", self.out, "--", *self.command())
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertIn("started\ndone\n", result.stderr)
+        self.assertRecorded(result)
+
+    def test_command_fails(self):
+        result = self.tool("-o", self.out, "--", *self.command(status=3))
+        self.assertEqual(result.returncode, 3, result.stderr)
+        self.assertIn("perf_trampoline: the command exited with status 3\n",
+                      result.stderr)
+        self.assertRecorded(result)
+
+    def test_ctrl_c_reaches_the_command(self):
+        # The terminal's Ctrl-C goes to the command, which handles it as it
+        # would without perf (perf would end it with SIGTERM); recording
+        # ends when it exits.
+        master, slave = pty.openpty()
+        self.addCleanup(os.close, master)
+
+        def take_terminal():
+            import fcntl
+            import termios
+            fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+
+        proc = subprocess.Popen(
+            [sys.executable, "-I", "-m", "perf_trampoline", "record", "-o",
+             self.out, "--", *self.command(forever=True)],
+            stdin=slave, stdout=slave, stderr=slave, env=self.env,
+            cwd=self.tmpdir, start_new_session=True,
+            preexec_fn=take_terminal)
+        os.close(slave)
+        output = self.read_terminal(master, proc, b"started")
+        os.write(master, b"\x03")
+        output += self.read_terminal(master, proc)
+        self.assertEqual(proc.wait(timeout=TIMEOUT), 5, output)
+        text = output.decode(errors="replace")
+        self.assertIn("handled SIGINT", text)
+        self.assertIn("perf_trampoline: the command exited with status 5",
+                      text)
+        self.assertIn(os.path.join(self.out, "perf.data"), text)
+
+    @staticmethod
+    def read_terminal(master, proc, until=None):
+        """What the terminal shows, until `until` appears or it closes."""
+        output = b""
+        deadline = time.monotonic() + TIMEOUT
+        while time.monotonic() < deadline:
+            try:
+                chunk = os.read(master, 4096)
+            except OSError:         # EIO: every writer has closed it
+                break
+            if not chunk:
+                break
+            output += chunk
+            if until is not None and until in output:
+                break
+        return output
+
+    def record_pid(self, pid, *args):
+        result = self.tool("-p", str(pid), "--seconds", "1", "-o", self.out,
+                           *args)
+        self.assertEqual(result.returncode, 0, result.stderr)
+        return self.assertRecorded(result, "target.py", INNER_CHAIN)
+
+    def test_process(self):
+        import perf_trampoline
+        pid = self.start_target()
+        for chain in self.record_pid(pid):
+            if "inner" in chain:
+                self.assertEqual(chain[:3], INNER_CHAIN)
+        # Switched back off.
+        self.assertEqual(perf_trampoline.status(pid), (None, False))
+
+    def test_process_already_on_is_left_on(self):
+        import perf_trampoline
+        pid = self.start_target("-X", "perf")
+        self.record_pid(pid)
+        self.assertEqual(perf_trampoline.status(pid), ("perf", False))
+
+    def test_process_sigterm_switches_back(self):
+        import perf_trampoline
+        pid = self.start_target()
+        tool = subprocess.Popen(
+            [sys.executable, "-I", "-m", "perf_trampoline", "record", "-p",
+             str(pid), "-o", self.out], stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, text=True, env=self.env,
+            cwd=self.tmpdir)
+        self.addCleanup(tool.kill)
+        deadline = time.monotonic() + TIMEOUT
+        while perf_trampoline.status(pid)[0] != "perf":
+            self.assertLess(time.monotonic(), deadline, "never attached")
+            time.sleep(0.05)
+        time.sleep(0.5)
+        tool.send_signal(signal.SIGTERM)
+        stdout, stderr = tool.communicate(timeout=TIMEOUT)
+        self.assertEqual(tool.returncode, 0, stderr)
+        self.assertRecorded(subprocess.CompletedProcess(
+            tool.args, tool.returncode, stdout, stderr), "target.py",
+            INNER_CHAIN)
+        self.assertEqual(perf_trampoline.status(pid), (None, False))
+
+
+@needs_host("/proc/PID/mem")
+class RecordErrorTests(RecordTestCase):
+    """One line on stderr, exit status 2, nothing written, the process
+    named left alone.  A fake perf stands in where none runs."""
+
+    def setUp(self):
+        super().setUp()
+        self.fake_perf = self.make_perf("6.12.0")
+
+    def make_perf(self, version):
+        path = os.path.join(self.tmpdir, f"perf-{version}")
+        with open(path, "w") as f:
+            f.write(f"#!/bin/sh\necho 'perf version {version}'\n")
+        os.chmod(path, 0o755)
+        return path
+
+    def assertRefused(self, result, message):
+        self.assertEqual(result.returncode, 2, result.stderr)
+        self.assertEqual(result.stdout, "")
+        self.assertTrue(result.stderr.startswith("perf_trampoline: "),
+                        result.stderr)
+        self.assertEqual(result.stderr.count("\n"), 1, result.stderr)
+        self.assertIn(message, result.stderr)
+        self.assertFalse(os.path.exists(self.out))
+
+    def test_no_perf(self):
+        self.assertRefused(self.tool("--perf", "/nonexistent", "-o",
+                                     self.out, "--", "true"),
+                           "no perf found ('/nonexistent' from --perf)")
+        self.env["PATH"] = self.tmpdir
+        self.assertRefused(self.tool("-o", self.out, "--", "/bin/true"),
+                           "no perf found")
+
+    def test_perf_too_old_for_jit(self):
+        old = self.make_perf("6.1")
+        self.assertRefused(self.tool("--jit", "--perf", old, "-o",
+                                     self.out, "--", "true"),
+                           f"--jit needs perf >= 6.8 (perf inject --jit "
+                           f"of DWARF-unwound frames); {old} is 6.1: name "
+                           f"a newer one with --perf PATH")
+        self.env["PERF"] = old
+        self.assertRefused(self.tool("--jit", "-o", self.out, "--", "true"),
+                           f"{old} is 6.1")
+
+    def test_not_python(self):
+        sleep = subprocess.Popen(["sleep", "60"])
+        self.addCleanup(sleep.wait)
+        self.addCleanup(sleep.kill)
+        deadline = time.monotonic() + TIMEOUT
+        while proc_state(sleep.pid) != "S":     # in nanosleep()
+            self.assertLess(time.monotonic(), deadline)
+            time.sleep(0.01)
+        with open(f"/proc/{sleep.pid}/stat") as f:
+            before = f.read().rpartition(")")[2].split()[:8]
+        self.assertRefused(self.tool("-p", str(sleep.pid), "--perf",
+                                     self.fake_perf, "-o", self.out),
+                           "which has no perf trampolines")
+        self.assertIsNone(sleep.poll())
+        self.assertNotIn(proc_state(sleep.pid), ("T", "t"))
+        with open(f"/proc/{sleep.pid}/stat") as f:
+            self.assertEqual(f.read().rpartition(")")[2].split()[:8],
+                             before)
+
+    def test_no_such_process(self):
+        gone = subprocess.Popen(["true"])
+        gone.wait()
+        self.assertRefused(self.tool("-p", str(gone.pid), "--perf",
+                                     self.fake_perf, "-o", self.out),
+                           f"no such process: {gone.pid}")
+
+    def test_bad_arguments(self):
+        for args, message in (
+                ([], "needs a COMMAND (after --) or -p PID"),
+                (["-p", "1", "--", "true"], "-p PID or a COMMAND, not both"),
+                (["--seconds", "1", "--", "true"], "goes with -p PID"),
+                (["-F", "0", "--", "true"], "-F HZ must be a positive"),
+                (["--", "no-such-command-here"],
+                 "command not found: no-such-command-here")):
+            with self.subTest(args=args):
+                self.assertRefused(self.tool("--perf", self.fake_perf, "-o",
+                                             self.out, *args), message)
+
+    def test_existing_perf_data(self):
+        os.mkdir(self.out)
+        data = os.path.join(self.out, "perf.data")
+        open(data, "w").close()
+        result = self.tool("--perf", self.fake_perf, "-o", self.out, "--",
+                           "true")
+        self.assertEqual(result.returncode, 2)
+        self.assertIn("holds a perf.data already", result.stderr)
+        self.assertIn("--force", result.stderr)
+        self.assertEqual(os.listdir(self.out), ["perf.data"])
+
+
+@needs_host("perf")
+class RecordJitTests(RecordTestCase):
+    """--jit: DWARF unwinding, perf inject --jit, on the interpreter
+    without frame pointers where there is one (PERF_NOFP_PYTHON)."""
+
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        if not sysconfig.get_config_var("PY_HAVE_PERF_JIT_TRAMPOLINE"):
+            raise unittest.SkipTest("this Python was built without the "
+                                    "perf_jit backend")
+        from test.test_perf_profiler import test_jit
+        reason = test_jit.perf_jit_skip_reason()
+        if reason:
+            skip_environment(reason)
+        cls.perf = test_jit.PERF
+        cls.python = test_jit.NOFP_PYTHON
+
+    def test_command(self):
+        result = self.tool("--jit", "--perf", self.perf, "-o", self.out,
+                           "--", *self.command())
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertRecorded(result)
+        # The output is the injected data; the recording is gone.
+        self.assertFalse(os.path.exists(os.path.join(self.out,
+                                                     "perf.raw.data")))
+
+    def test_process(self):
+        import perf_trampoline
+        pid = self.start_target()
+        result = self.tool("--jit", "--perf", self.perf, "-p", str(pid),
+                           "--seconds", "1", "-o", self.out)
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertRecorded(result, "target.py", INNER_CHAIN)
+        self.assertEqual(perf_trampoline.status(pid), (None, False))
+
+
+if __name__ == "__main__":
+    unittest.main()
