@@ -466,7 +466,10 @@ def _record_command(recorder, command):
         # (ours) already; another one (kill PID) is passed on.
         if not from_terminal:
             for child in _children().get(recorder.perf_pid, ()):
-                os.kill(child, signum)
+                try:
+                    os.kill(child, signum)
+                except ProcessLookupError:
+                    pass                # it has just exited
         return False
 
     recorder.start(command)
