@@ -41,8 +41,8 @@ import subprocess
 import sys
 import time
 
-from perf_trampoline import (RemoteError, _stat_fields, attach, detach,
-                             status)
+from perf_trampoline import (RemoteError, _namespaces, _reports, _stat_fields,
+                             attach, detach, status)
 
 # perf inject --jit merges DWARF-unwound jitdump frames correctly from 6.8.
 PERF_JIT_MIN = (6, 8)
@@ -315,7 +315,6 @@ class Recorder:
     signals, the namespace maps."""
 
     def __init__(self, args, perf, out_dir, old_mask):
-        from perf_trampoline import _namespaces
         self.args = args
         self.perf = perf
         self.backend = "perf_jit" if args.jit else "perf"
@@ -412,9 +411,19 @@ class Recorder:
             self.control = None
 
     def watch(self, pid):
-        if pid not in self.watched:
-            self.watched.add(pid)
+        """Follow the maps of `pid` if it runs in a container.  A process
+        that ended meanwhile has nothing to follow; any other failure
+        costs only the names of its functions after it exits: said, and
+        the recording goes on."""
+        if pid in self.watched:
+            return
+        self.watched.add(pid)
+        try:
             self.maps.watch(pid)
+        except _namespaces.MapsError as exc:
+            if _alive(pid):
+                self.maps.warn(f"{exc}; its Python functions will not be "
+                               f"named once it has exited")
 
     def loop(self, pid=None, seconds=None, on_signal=None):
         """Until perf ends, or `seconds` pass, or (with `pid`) that
@@ -599,7 +608,6 @@ def _report(recorder, perf, out_dir, command, samples, host_maps):
                   f"{exit_code}", file=sys.stderr)
     paths = [recorder.data] if samples else []
     if samples:
-        from perf_trampoline import _reports
         try:
             paths += [path for _, path in _reports.write_reports(
                 perf, recorder.data, out_dir)]
