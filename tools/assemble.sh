@@ -4,7 +4,9 @@
 # as a second commit (tag "overlay").  The new commit is built in a private
 # index and checked out with one "git reset", so files whose content did not
 # change keep their timestamps and an incremental build stays incremental.
-# Edits in the tree that were not exported are never thrown away.
+# Edits in the tree that were not exported are never thrown away.  The
+# flame graph template, third-party code, is copied in beside them
+# (lib.sh: flamegraph_into), never committed.
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 
@@ -81,6 +83,7 @@ if [ -d "$TREE/.git" ] && git_t rev-parse -q --verify pristine >/dev/null; then
     cp "$ROOT/tools/tree-exclude" "$TREE/.git/info/exclude"
     if [ "$(cat "$stamp" 2>/dev/null)" = "$want" ] && [ "${1:-}" != --force ]; then
         regen_configure_in_tree
+        flamegraph_into "$TREE"
         exit 0
     fi
     if ! tree_is_exported; then
@@ -98,4 +101,5 @@ git_t reset -q --hard "$commit"
 git_t tag -f overlay "$commit" >/dev/null
 echo "$want" >"$stamp"
 configure_ac_hash >"$TREE/.git/configure-ac"
+flamegraph_into "$TREE"
 say "$TREE is pristine 3.11.2 + $(overlay_files | wc -l) overlay files + $(patch_files | wc -l) patches"

@@ -119,6 +119,8 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
     assemble
     echo "$want" >"$stamp"
 fi
+# The dist patch leaves out the flame graph template (third-party code).
+flamegraph_into "$TREE"
 
 # libpython is looked for first beside an installed python3.11
 # (PREFIX/bin/../lib; $ORIGIN is the directory of the binary that loads

@@ -9,7 +9,6 @@
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 
-CACHE_DIR=${PERF_TRAMPOLINE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/perf-trampolines}
 CACHED=$CACHE_DIR/Python-$CPYTHON_VERSION.tgz
 tried=()
 

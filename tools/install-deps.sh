@@ -36,7 +36,7 @@ set -euo pipefail
 
 # Every build (configured --with-dtrace, hence systemtap-sdt-dev), and
 # what using the interpreter takes: perf and gdb.  What make demo's flame
-# graph needs beyond these belongs in this list too.
+# graph needs beyond these is added below (npm).
 PACKAGES=(build-essential pkg-config autoconf2.69 git patch libffi-dev zlib1g-dev
           libssl-dev libbz2-dev liblzma-dev libsqlite3-dev libreadline-dev
           libncurses-dev uuid-dev libgdbm-dev libgdbm-compat-dev
@@ -52,7 +52,9 @@ test) PACKAGES+=("${CROSS_PACKAGES[@]}"
                  # Debian's compiled extensions, run by test_extensions
                  # under -X perf
                  python3-numpy python3-lxml python3-yaml python3-greenlet
-                 python3-gevent) ;;
+                 python3-gevent
+                 # test_reports opens the flame graphs in a headless browser
+                 chromium) ;;
 bench) PACKAGES+=(hyperfine) ;;
 # dpkg-buildflags, the system expat, Berkeley DB for dbm (Debian's
 # --with-dbmliborder=bdb:gdbm), xz for Debian's tarball.
@@ -63,6 +65,11 @@ aarch64) PACKAGES+=("${CROSS_PACKAGES[@]}" gdb-multiarch) ;;
 *) echo "install-deps: unknown mode '$MODE' (expected: test, bench, jit, debian, aarch64, fresh)" >&2
    exit 2 ;;
 esac
+# npm fetches the flame graph template for every tree
+# (tools/fetch-flamegraph.sh); any npm already installed serves.
+if [ "$MODE" != fresh ] && ! command -v npm >/dev/null; then
+    PACKAGES+=(npm)
+fi
 PERF_JIT_MIN=6.8
 
 say() { echo "install-deps: $*" >&2; }

@@ -43,6 +43,8 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
         { say "error: $patch does not apply to the pristine source"; exit 1; }
     echo "$want" >"$stamp"
 fi
+# The dist patch leaves out the flame graph template (third-party code).
+flamegraph_into "$TREE"
 
 "$ROOT/tools/build.sh" "$TREE" --prefix="$prefix" "$@"
 altinstall "$TREE" "$prefix" "$destdir"

@@ -10,6 +10,18 @@ OVERLAY_DIRS=(Doc Grammar Include Lib Mac Misc Modules Objects PC PCbuild
               Parser Programs Python Tools)
 # Regenerated from the patched configure.ac, never exported.
 GENERATED=(configure pyconfig.h.in)
+# Downloads of the user's, kept between builds (tools/fetch-*.sh).
+CACHE_DIR=${PERF_TRAMPOLINE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/perf-trampolines}
+# The HTML template of perf's flamegraph report script: d3-flame-graph's
+# d3-flamegraph-base.html from its npm package (tools/fetch-flamegraph.sh).
+# Third-party code, so never in the repository: each tree gets a copy
+# (flamegraph_into), ignored by git (tools/tree-exclude) and installed
+# with the standard library.  The MD5 is the one perf 6.12's
+# flamegraph.py checks the same file against; the SHA-256 is ours.
+FLAMEGRAPH_VERSION=4.1.3
+FLAMEGRAPH_MD5=143e0d06ba69b8370b9848dcd6ae3f36
+FLAMEGRAPH_SHA256=64aba4b35cfaba17b37d57a4036876f1999f3cfc4c8d4d3a0781d08a1ad97d5a
+FLAMEGRAPH_TEMPLATE=Lib/perf_trampoline/d3-flamegraph-base.html
 # perf >= 6.8 for the perf_jit workflow, unpacked from the backports
 # package by tools/install-deps.sh jit; the system's perf is not replaced.
 PRIVATE_PERF_DIR=$ROOT/build/perf
@@ -147,4 +159,13 @@ altinstall() {
         return 1
     }
     echo "$me: installed $3$2/bin/python3.11 (try: python3.11 -X perf)" >&2
+}
+
+# flamegraph_into DIR: DIR/$FLAMEGRAPH_TEMPLATE becomes the verified
+# template (fetched if not cached); an unchanged copy keeps its time.
+flamegraph_into() {
+    local template
+    template=$("$ROOT/tools/fetch-flamegraph.sh")
+    cmp -s "$template" "$1/$FLAMEGRAPH_TEMPLATE" ||
+        cp "$template" "$1/$FLAMEGRAPH_TEMPLATE"
 }

@@ -29,7 +29,6 @@ set -euo pipefail
 
 SUITE=bookworm
 PREREQUISITES=(git make ca-certificates)
-CACHE_DIR=${PERF_TRAMPOLINE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/perf-trampolines}
 ARCH=$(dpkg --print-architecture)
 BASE=$CACHE_DIR/debian-$SUITE-minbase-$ARCH.tar.gz
 WORK=$(realpath -m "${FRESH_DIR:-$ROOT/build/fresh}")
