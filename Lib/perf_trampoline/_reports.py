@@ -1,22 +1,381 @@
-"""PLACEHOLDER for the reports of `record` (issue 39): the real module,
-written in parallel, replaces this file at merge.  It only runs perf
-script; the interface is the real one's."""
+"""The reports of a perf recording: flame graphs, collapsed stacks and a
+Firefox Profiler profile, each a file that works offline.
 
+write_reports(perf, data_path, out_dir) writes into out_dir:
+
+flamegraph.html
+    perf's own flamegraph report script (scripts/python/flamegraph.py of
+    the perf given) on d3-flame-graph's HTML template, which is installed
+    beside this module (tools/fetch-flamegraph.sh fetches it from the
+    package's npm release and checks it): every sample's whole stack.
+flamegraph-python.html
+    The same samples with the interpreter's frames between two Python
+    functions folded away (fold_python()), drawn with the same template.
+stacks.folded, stacks-python.folded
+    Both views as collapsed stacks ("frame;frame;frame count", the root
+    first), for flamegraph.pl, inferno or speedscope.
+gecko.json
+    perf's gecko report script, for the Firefox Profiler (perf 6.7 and
+    later have it; with an older perf this one report is left out).
+
+The stacks of the Python view come from `perf script -F comm,pid,tid,ip,
+sym,dso`.  A Python function is a py:: frame: its trampoline, which perf
+names from the interpreter's perf map (or, after perf inject --jit, from
+the jitdump).  Between two Python functions the stack holds the caller's
+evaluator and the C glue of the call (_PyEval_EvalFrameDefault,
+_PyEval_Vector, _PyFunction_Vectorcall, PyObject_Vectorcall,
+method_vectorcall, slot_tp_call, ...): those frames are dropped when they
+belong to the interpreter, which is every image in which perf found
+_PyEval_EvalFrameDefault (the executable, or libpython of a shared
+build).  Frames of other images between two Python functions stay: an
+extension module or a library calling back into Python is part of the
+program's call tree.  The frames above the innermost Python function
+(its evaluator and the C functions it runs) and below the outermost one
+(the interpreter's start-up, a thread's bootstrap) stay too, so the graph
+reads as the program's call tree with its C leaves.
+"""
+
+import json
 import os
+import re
+import shutil
 import subprocess
+import tempfile
+
+__all__ = ["write_reports", "fold_python", "ReportError"]
+
+TEMPLATE = os.path.join(os.path.dirname(__file__), "d3-flamegraph-base.html")
+# The template's placeholders, as perf's flamegraph.py fills them.
+STACKS_PLACEHOLDER = "/** @flamegraph_json **/"
+OPTIONS_PLACEHOLDER = "/** @options_json **/"
+# In the template, and so in a flame graph drawn with it: perf 6.12's
+# script puts a page that loads d3 from the network in its place when it
+# cannot read the template.
+TEMPLATE_MARK = '<meta name="template_version"'
+
+EVALUATOR = "_PyEval_EvalFrameDefault"
+PYTHON_PREFIX = "py::"
+SCRIPT_FIELDS = "comm,pid,tid,ip,sym,dso"
+
+# "python  1234/1234  " (a sample; with no call chain, its ip, symbol and
+# image follow) and "\t    7f12 name (/path/of/image)" (a frame).  The
+# name may hold spaces and parentheses: the image is the last group.
+HEADER_RE = re.compile(r"^(.*\S)\s+(-?\d+)/(-?\d+)(?:\s+(.*))?$")
+FRAME_RE = re.compile(r"^([0-9a-fA-F]+)\s+(.*?)(?: \(([^)]*)\))?$")
 
 
 class ReportError(Exception):
-    """The reports could not be written; said in one line."""
+    """A report cannot be written; the message says why."""
+
+
+# ----------------------------------------------------------------------
+# The Python view
+
+def is_python_frame(name):
+    return name.startswith(PYTHON_PREFIX)
+
+
+def interpreter_images(stacks):
+    """The images (DSOs) in which an evaluator frame appears in any of
+    `stacks` (frame sequences of (name, image) pairs)."""
+    return {image for stack in stacks for name, image in stack
+            if name == EVALUATOR}
+
+
+def fold_python(stack, interpreter):
+    """`stack` ((name, image) pairs, root first) without the frames of
+    the images in `interpreter` that lie between two Python frames."""
+    python = [i for i, (name, _) in enumerate(stack)
+              if is_python_frame(name)]
+    if len(python) < 2:
+        return tuple(stack)
+    first, last = python[0], python[-1]
+    return tuple(frame for i, frame in enumerate(stack)
+                 if i <= first or i >= last or is_python_frame(frame[0])
+                 or frame[1] not in interpreter)
+
+
+# ----------------------------------------------------------------------
+# Reading perf script
+
+def _process_frame(comm, pid):
+    # As perf's flamegraph.py names the process, so both views match.
+    if pid == 0:
+        return (comm, "[kernel.kallsyms]")
+    return (f"{comm} ({pid})", "")
+
+
+def _parse_frame(text):
+    match = FRAME_RE.match(text.strip())
+    if match is None:
+        return None
+    _, name, image = match.groups()
+    return (name.strip() or "[unknown]", image or "[unknown]")
+
+
+def parse_script(lines):
+    """Count the stacks in the lines of `perf script -F comm,pid,tid,ip,
+    sym,dso`: a dict of stack (root first, the process its first frame)
+    -> samples."""
+    stacks = {}
+    process = None
+    frames = []
+
+    def finish():
+        if process is not None and frames:
+            stack = (process, *reversed(frames))
+            stacks[stack] = stacks.get(stack, 0) + 1
+
+    for line in lines:
+        line = line.rstrip("\n")
+        if not line.strip():
+            continue
+        if line[0] in " \t":
+            frame = _parse_frame(line)
+            if frame is not None and process is not None:
+                frames.append(frame)
+            continue
+        finish()
+        process, frames = None, []
+        match = HEADER_RE.match(line)
+        if match is None:
+            continue                    # not a sample (a warning)
+        comm, pid, _, rest = match.groups()
+        process = _process_frame(comm.strip(), int(pid))
+        if rest:                        # recorded without call chains
+            frame = _parse_frame(rest)
+            if frame is not None:
+                frames.append(frame)
+    finish()
+    return stacks
+
+
+# ----------------------------------------------------------------------
+# Writing
+
+def collapsed(stacks):
+    """The text of `stacks` (stack -> count) as collapsed stacks, sorted.
+    The format has no escape for ';', so a name's own becomes ':'."""
+    lines = sorted(";".join(name.replace(";", ":") for name, _ in stack)
+                   + f" {count}\n" for stack, count in stacks.items())
+    return "".join(lines)
+
+
+def _libtype(image):
+    if image == "[kernel.kallsyms]" or image.endswith("/vmlinux"):
+        return "kernel"
+    return ""
+
+
+def flame_tree(stacks):
+    """`stacks` as the tree perf's flamegraph.py gives the template:
+    nodes {"n": name, "l": "root"|"kernel"|"", "v": self samples,
+    "c": children}."""
+    root = {"n": "all", "l": "root", "v": 0, "c": []}
+    index = {}                  # (id of parent node, name) -> node
+    for stack, count in stacks.items():
+        node = root
+        for name, image in stack:
+            key = (id(node), name)
+            child = index.get(key)
+            if child is None:
+                child = {"n": name, "l": _libtype(image), "v": 0, "c": []}
+                node["c"].append(child)
+                index[key] = child
+            node = child
+        node["v"] += count
+    return root
+
+
+def _script_json(value):
+    # Inside <script>: no "</script>" (or "<!--") can end it early.
+    return json.dumps(value).replace("<", "\\u003c")
+
+
+def fill_template(template, tree, context):
+    """The template's text with the flame graph of `tree` and `context`
+    (the text its Context button shows) in place of its placeholders."""
+    values = {
+        STACKS_PLACEHOLDER: _script_json(tree),
+        OPTIONS_PLACEHOLDER: _script_json({"colorscheme": "blue-green",
+                                           "context": context}),
+    }
+    pattern = "|".join(re.escape(key) for key in values)
+    return re.sub(pattern, lambda match: values[match.group()], template)
+
+
+def read_template():
+    """The text of the d3-flame-graph template; ReportError if it is
+    missing or not the template."""
+    try:
+        with open(TEMPLATE, encoding="utf-8") as f:
+            text = f.read()
+    except OSError as exc:
+        raise ReportError(
+            f"the flame graph template is missing ({exc.strerror}: "
+            f"{TEMPLATE}); it is installed with the interpreter "
+            f"(tools/fetch-flamegraph.sh fetches it)") from None
+    if STACKS_PLACEHOLDER not in text or TEMPLATE_MARK not in text:
+        raise ReportError(f"{TEMPLATE} is not d3-flame-graph's template")
+    return text
+
+
+# ----------------------------------------------------------------------
+# Running perf
+
+class _Perf:
+    """The perf executable, its report scripts, and one recording, which
+    it reads as ./perf.data in a directory of its own: perf's flamegraph
+    script reads the recording's header that way, with the first perf on
+    PATH, which is this one there."""
+
+    def __init__(self, perf, data_path, workdir):
+        path = shutil.which(perf)
+        if path is None:
+            raise ReportError(f"{perf}: no such executable")
+        self.path = os.path.abspath(path)
+        if not os.path.isfile(data_path):
+            raise ReportError(f"{data_path}: no such file")
+        self.workdir = workdir
+        os.symlink(os.path.abspath(data_path),
+                   os.path.join(workdir, "perf.data"))
+        env = {name: value for name, value in os.environ.items()
+               # perf's scripts run on perf's own Python: settings meant
+               # for ours could break it.
+               if not name.startswith("PYTHON")}
+        env["PATH"] = os.pathsep.join([os.path.dirname(self.path),
+                                       env.get("PATH", os.defpath)])
+        self.env = env
+        self.exec_path = self._exec_path()
+        env["PERF_EXEC_PATH"] = self.exec_path
+
+    def _exec_path(self):
+        # A perf unpacked elsewhere than its build's prefix (tools/
+        # install-deps.sh jit puts one under build/perf/) has its scripts
+        # beside it; --exec-path names those of the prefix.
+        beside = os.path.join(os.path.dirname(os.path.dirname(
+            os.path.realpath(self.path))), "lib", "perf-core")
+        if os.path.isdir(os.path.join(beside, "scripts", "python")):
+            return beside
+        return self.run(["--exec-path"], "perf --exec-path").strip()
+
+    def script_path(self, name):
+        """The path of perf's report script `name`, or None."""
+        path = os.path.join(self.exec_path, "scripts", "python", name)
+        return path if os.path.isfile(path) else None
+
+    def version(self):
+        return self.run(["version"], "perf version").strip()
+
+    def run(self, args, what):
+        """perf's standard output for `args`; ReportError with the end
+        of what it said if it fails.  No input: a script that asks a
+        question gets end of file, not a wait."""
+        try:
+            proc = subprocess.run(
+                [self.path, *args], cwd=self.workdir, env=self.env,
+                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE, text=True, errors="replace")
+        except OSError as exc:
+            raise ReportError(f"{what}: {exc}") from None
+        if proc.returncode != 0:
+            said = " | ".join((proc.stderr + proc.stdout).split("\n")[-6:])
+            raise ReportError(f"{what} failed (exit {proc.returncode}): "
+                              f"{said.strip(' |') or 'no output'}")
+        return proc.stdout
+
+    def run_script(self, name, args):
+        path = self.script_path(name)
+        self.run(["script", "-i", "perf.data", "-s", path, "--", *args],
+                 f"perf script -s {name}")
+
+    def stacks(self):
+        """The recording's stacks, counted (parse_script())."""
+        try:
+            proc = subprocess.Popen(
+                [self.path, "script", "-i", "perf.data", "-F", SCRIPT_FIELDS],
+                cwd=self.workdir, env=self.env, stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                errors="replace")
+        except OSError as exc:
+            raise ReportError(f"perf script: {exc}") from None
+        with proc:
+            stacks = parse_script(proc.stdout)
+            error = proc.stderr.read()
+        if proc.returncode != 0:
+            raise ReportError(f"perf script failed (exit {proc.returncode})"
+                              f": {error.strip()[-300:] or 'no output'}")
+        return stacks
+
+
+def _write(path, text):
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(text)
 
 
 def write_reports(perf, data_path, out_dir):
-    """Write the reports of `data_path` into `out_dir`; return a list of
-    (description, path)."""
-    path = os.path.join(out_dir, "perf.script")
-    with open(path, "wb") as f:
-        proc = subprocess.run([perf, "script", "-i", data_path], stdout=f,
-                              stderr=subprocess.PIPE)
-    if proc.returncode != 0:
-        raise ReportError(f"perf script failed (exit {proc.returncode})")
-    return [("perf script output", path)]
+    """Write the reports of the recording `data_path` (already through
+    perf inject --jit for a jitdump) into `out_dir`, with the perf
+    executable `perf`.  Returns [(description, path)], one per report;
+    path is None for a report this perf cannot write, and the
+    description says why.  Raises ReportError(message)."""
+    template = read_template()
+    out_dir = os.path.abspath(out_dir)
+    os.makedirs(out_dir, exist_ok=True)
+    out = {name: os.path.join(out_dir, name) for name in (
+        "flamegraph.html", "flamegraph-python.html", "stacks.folded",
+        "stacks-python.folded", "gecko.json")}
+    reports = []
+    with tempfile.TemporaryDirectory(prefix="perf-reports-") as workdir:
+        perf = _Perf(perf, data_path, workdir)
+        if perf.script_path("flamegraph.py") is None:
+            raise ReportError(f"{perf.path} has no flamegraph report "
+                              f"script in {perf.exec_path}/scripts/python")
+        perf.run_script("flamegraph.py", ["--template", TEMPLATE,
+                                          "-o", out["flamegraph.html"]])
+        with open(out["flamegraph.html"], encoding="utf-8",
+                  errors="replace") as f:
+            if TEMPLATE_MARK not in f.read():
+                raise ReportError(
+                    f"perf's flamegraph script did not use the template "
+                    f"{TEMPLATE}: {out['flamegraph.html']} would need the "
+                    f"network")
+        reports.append(("Flame graph (perf's flamegraph report)",
+                        out["flamegraph.html"]))
+
+        stacks = perf.stacks()
+        interpreter = interpreter_images(stacks)
+        python = {}
+        for stack, count in stacks.items():
+            folded = fold_python(stack, interpreter)
+            python[folded] = python.get(folded, 0) + count
+        has_python = any(is_python_frame(name) for stack in stacks
+                         for name, _ in stack)
+        header = perf.run(["report", "-i", "perf.data", "--header-only"],
+                          "perf report --header-only")
+        context = ("Python view: the interpreter's frames between two "
+                   "Python functions (py::) are folded away.\n\n" + header)
+        _write(out["flamegraph-python.html"],
+               fill_template(template, flame_tree(python), context))
+        description = "Flame graph, Python view (evaluator frames folded)"
+        if not has_python:
+            description += (": no py:: frames in the samples (was the "
+                            "program run with -X perf?)")
+        reports.append((description, out["flamegraph-python.html"]))
+        _write(out["stacks.folded"], collapsed(stacks))
+        reports.append(("Collapsed stacks", out["stacks.folded"]))
+        _write(out["stacks-python.folded"], collapsed(python))
+        reports.append(("Collapsed stacks, Python view",
+                        out["stacks-python.folded"]))
+
+        if perf.script_path("gecko.py") is None:
+            reports.append((f"Firefox Profiler: not written: "
+                            f"{perf.version()} has no gecko report script "
+                            f"(perf 6.7 and later have it)", None))
+        else:
+            # --save-only: write the file; without it the script serves
+            # it on a local port and opens a browser.
+            perf.run_script("gecko.py", ["--save-only", out["gecko.json"]])
+            reports.append(("Firefox Profiler (open it at "
+                            "profiler.firefox.com)", out["gecko.json"]))
+    return reports
