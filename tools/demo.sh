@@ -1,7 +1,8 @@
 #!/bin/bash
 # make demo: profile examples/demo.py under perf with -X perf and show the
-# Python functions next to the C functions they call.  Exits 0 only if
-# perf's report shows the demo's Python frames.
+# Python functions next to the C functions they call, then write the
+# flame graphs (whole stacks and the Python view) and the other reports.
+# Exits 0 only if perf's report shows the demo's Python frames.
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 PYTHON=$TREE/python
@@ -48,6 +49,21 @@ echo "    perf report -i $DATA                      # interactive"
 echo "    perf report -i $DATA --stdio --children --sort sym"
 echo "    perf script -i $DATA                      # every sample's stack"
 echo "The names come from /tmp/perf-<pid>.map, which perf reads at report time."
+
+# The record workflow's reports (perf_trampoline._reports), made by the
+# interpreter under test: the flame graphs open offline in a browser.
+echo
+echo "== Reports (in $OUT) =="
+"$PYTHON" -I -c '
+import sys
+from perf_trampoline import _reports
+try:
+    reports = _reports.write_reports(*sys.argv[1:])
+except _reports.ReportError as exc:
+    sys.exit(f"demo: error: the reports were not written: {exc}")
+for description, path in reports:
+    print(f"    {description}" + (f": {path}" if path else ""))
+' "$PERF" "$DATA" "$OUT"
 
 if ! grep -q 'py::handle_request:' "$OUT/report.txt" ||
    [ ! -s "$OUT/stack.txt" ]; then

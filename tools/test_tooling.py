@@ -671,7 +671,14 @@ class DemoTests(unittest.TestCase):
         with tempfile.TemporaryDirectory() as out:
             proc = run("demo.sh", env={
                 "DEMO_OUT": out, "TREE": os.path.dirname(sys.executable)})
-        self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
+            self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
+            # Both flame graphs, named in the output, drawn offline
+            # (test_reports opens them in a browser).
+            for name in ("flamegraph.html", "flamegraph-python.html"):
+                path = os.path.join(out, name)
+                self.assertIn(f": {path}\n", proc.stdout)
+                with open(path, encoding="utf-8") as f:
+                    self.assertIn("py::handle_request:", f.read())
         hottest, _, stack = proc.stdout.partition("== One sampled call stack")
         for name in ("parse", "price", "render", "handle_request"):
             self.assertIn(f"py::{name}:", hottest)
