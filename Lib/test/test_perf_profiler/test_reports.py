@@ -1,0 +1,390 @@
+"""perf_trampoline._reports: the flame graphs, collapsed stacks and
+Firefox Profiler file of a recording.
+
+The rule that folds the interpreter's frames away is tested on made-up
+stacks; the reports of a real recording are opened in headless Chromium,
+offline, and the boxes it draws are checked.
+"""
+
+import html.parser
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import unittest
+import unittest.mock
+from typing import NamedTuple
+
+from perf_trampoline import _reports
+from test.test_perf_profiler.util import (
+    TIMEOUT, ProfilerFiles, needs_host, perf_record_works, record_samples,
+    skip_environment, tmp_files_lock, write_script)
+
+EXE = "/opt/python/bin/python3.11"
+LIBC = "/usr/lib/x86_64-linux-gnu/libc.so.6"
+EXTENSION = "/opt/python/lib/python3.11/lib-dynload/_json.so"
+MAP = "/tmp/perf-42.map"
+EVAL = "_PyEval_EvalFrameDefault"
+
+
+def frames(*names, image=EXE):
+    """(name, image) pairs: py:: names in the perf map, "name@image" in
+    that image, the others in `image`."""
+    result = []
+    for name in names:
+        if name.startswith("py::"):
+            result.append((name, MAP))
+        else:
+            name, _, where = name.partition("@")
+            result.append((name, where or image))
+    return tuple(result)
+
+
+def names(stack):
+    return [name for name, _ in stack]
+
+
+class FoldTests(unittest.TestCase):
+    """fold_python() on made-up stacks, root first."""
+
+    def fold(self, *stack, interpreter=(EXE,)):
+        return names(_reports.fold_python(frames(*stack), set(interpreter)))
+
+    def test_glue_between_python_frames_is_folded(self):
+        self.assertEqual(
+            self.fold("Py_BytesMain", "PyEval_EvalCode", "py::main:a.py",
+                      EVAL, "py::serve:a.py", EVAL, "_PyEval_Vector",
+                      "_PyFunction_Vectorcall", "PyObject_Vectorcall",
+                      "method_vectorcall", "slot_tp_call",
+                      "py::Handler.__call__:a.py", EVAL, "builtin_round",
+                      "_Py_dg_dtoa"),
+            ["Py_BytesMain", "PyEval_EvalCode", "py::main:a.py",
+             "py::serve:a.py", "py::Handler.__call__:a.py", EVAL,
+             "builtin_round", "_Py_dg_dtoa"])
+
+    def test_other_images_between_python_frames_stay(self):
+        # An extension module or a library calling back into Python.
+        self.assertEqual(
+            self.fold("py::load:a.py", EVAL, f"scanner_call@{EXTENSION}",
+                      "PyObject_Call", "py::hook:a.py", EVAL,
+                      f"qsort@{LIBC}", "py::key:a.py", EVAL),
+            ["py::load:a.py", "scanner_call", "py::hook:a.py", "qsort",
+             "py::key:a.py", EVAL])
+
+    def test_libpython_of_a_shared_build(self):
+        libpython = "/opt/python/lib/libpython3.11.so.1.0"
+        stack = frames("main", f"Py_BytesMain@{libpython}", "py::f:a.py",
+                       f"{EVAL}@{libpython}", "py::g:a.py",
+                       f"{EVAL}@{libpython}")
+        interpreter = _reports.interpreter_images([stack])
+        self.assertEqual(interpreter, {libpython})
+        self.assertEqual(names(_reports.fold_python(stack, interpreter)),
+                         ["main", "Py_BytesMain", "py::f:a.py", "py::g:a.py",
+                          EVAL])
+
+    def test_unknown_frames(self):
+        # In the interpreter's image: glue; in no image: kept.
+        self.assertEqual(
+            self.fold("py::f:a.py", "[unknown]", "[unknown]@[unknown]",
+                      "py::g:a.py"),
+            ["py::f:a.py", "[unknown]", "py::g:a.py"])
+
+    def test_fewer_than_two_python_frames(self):
+        for stack in [(), ("main", "Py_BytesMain"),
+                      ("Py_BytesMain", "py::f:a.py", EVAL, "PyObject_Call")]:
+            with self.subTest(stack=stack):
+                self.assertEqual(self.fold(*stack), list(stack))
+
+    def test_no_interpreter_found(self):
+        stack = ("py::f:a.py", EVAL, "py::g:a.py")
+        self.assertEqual(self.fold(*stack, interpreter=()), list(stack))
+
+
+class ParseTests(unittest.TestCase):
+    """Reading `perf script -F comm,pid,tid,ip,sym,dso`, writing the
+    collapsed stacks and the page."""
+
+    SCRIPT = (
+        "python  1234/1234  \n"
+        "\t    7f00aa _Py_dg_dtoa (/opt/python/bin/python3.11)\n"
+        "\t    7f1000 py::f:/src/my app (2)/a.py (/tmp/perf-1234.map)\n"
+        "\t         0 [unknown] ([unknown])\n"
+        "\n"
+        "my worker 7  1235/1236  \n"
+        "\t    7f00aa _Py_dg_dtoa (/opt/python/bin/python3.11)\n"
+        "\t    7f1000 py::f:/src/my app (2)/a.py (/tmp/perf-1234.map)\n"
+        "\t         0 [unknown] ([unknown])\n"
+        "\n"
+        "swapper     0/0     ffffffff81 default_idle ([kernel.kallsyms])\n"
+        "a warning perf printed\n"
+        "python  1234/1234  \n"
+        "\t    7f00aa _Py_dg_dtoa (/opt/python/bin/python3.11)\n"
+        "\t    7f1000 py::f:/src/my app (2)/a.py (/tmp/perf-1234.map)\n"
+        "\t         0 [unknown] ([unknown])\n")
+
+    def test_parse_script(self):
+        stacks = _reports.parse_script(self.SCRIPT.splitlines(True))
+        chain = (("[unknown]", "[unknown]"),
+                 ("py::f:/src/my app (2)/a.py", "/tmp/perf-1234.map"),
+                 ("_Py_dg_dtoa", "/opt/python/bin/python3.11"))
+        self.assertEqual(stacks, {
+            (("python (1234)", ""), *chain): 2,
+            (("my worker 7 (1235)", ""), *chain): 1,
+            (("swapper", "[kernel.kallsyms]"),
+             ("default_idle", "[kernel.kallsyms]")): 1,
+        })
+
+    def test_collapsed(self):
+        stacks = {frames("python (1)", "py::f:a;b.py", "g"): 3,
+                  frames("python (1)", "h"): 1}
+        self.assertEqual(_reports.collapsed(stacks),
+                         "python (1);h 1\npython (1);py::f:a:b.py;g 3\n")
+
+    def test_flame_tree(self):
+        stacks = {frames("python (1)", "f", "g"): 3,
+                  frames("python (1)", "f"): 2,
+                  frames("swapper", "idle", image="[kernel.kallsyms]"): 1}
+        self.assertEqual(_reports.flame_tree(stacks), {
+            "n": "all", "l": "root", "v": 0, "c": [
+                {"n": "python (1)", "l": "", "v": 0, "c": [
+                    {"n": "f", "l": "", "v": 2, "c": [
+                        {"n": "g", "l": "", "v": 3, "c": []}]}]},
+                {"n": "swapper", "l": "kernel", "v": 0, "c": [
+                    {"n": "idle", "l": "kernel", "v": 1, "c": []}]}]})
+
+    def test_fill_template(self):
+        template = ("<script>const stacks = [/** @flamegraph_json **/];\n"
+                    "const options = [/** @options_json **/];</script>")
+        tree = {"n": "py::f:</script>/** @options_json **/", "v": 1}
+        page = _reports.fill_template(template, tree, "ctx")
+        self.assertNotIn("</script>/", page)
+        stacks, options = re.findall(r"\[(.*)\];", page)
+        self.assertEqual(json.loads(stacks), tree)
+        self.assertEqual(json.loads(options),
+                         {"colorscheme": "blue-green", "context": "ctx"})
+
+    def test_template_missing(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            missing = os.path.join(tmp, "d3-flamegraph-base.html")
+            with unittest.mock.patch.object(_reports, "TEMPLATE", missing):
+                with self.assertRaisesRegex(_reports.ReportError,
+                                            "template is missing"):
+                    _reports.write_reports("perf", "perf.data", tmp)
+            self.assertEqual(os.listdir(tmp), [])
+
+    def test_template_installed(self):
+        # tools/fetch-flamegraph.sh put it there, checked.
+        self.assertIn(_reports.STACKS_PLACEHOLDER, _reports.read_template())
+
+
+# ----------------------------------------------------------------------
+# A real recording, drawn by a browser
+
+WORKLOAD = """\
+    import json
+
+    def parse(raw):
+        return json.loads(raw)
+
+    def handle_request(raw):
+        order = parse(raw)
+        total = 0.0
+        for _ in range(40):
+            total = round(total + order["qty"] * order["price"] * 1.07, 2)
+        return json.dumps({"id": order["id"], "total": total})
+
+    def serve(requests):
+        responses = []
+        for raw in requests:
+            responses.append(handle_request(raw))
+        return responses
+
+    def main():
+        requests = [json.dumps({"id": i, "qty": 1 + i % 5, "price": 2.5})
+                    for i in range(2000)]
+        for _ in range(12):
+            serve(requests)
+
+    main()
+    """
+
+
+class Box(NamedTuple):
+    """One frame d3-flame-graph drew: <g class="frame" name=...
+    transform="translate(x,y)" width=...> (the root is at the bottom)."""
+    name: str
+    x: float
+    y: float
+    width: float
+    height: float
+
+
+class FrameParser(html.parser.HTMLParser):
+
+    def __init__(self):
+        super().__init__()
+        self.boxes = []
+
+    def handle_starttag(self, tag, attrs):
+        attrs = dict(attrs)
+        if tag != "g" or "frame" not in (attrs.get("class") or "").split():
+            return
+        x, y = re.fullmatch(r"translate\(([^,]+),([^)]+)\)",
+                            attrs["transform"]).groups()
+        self.boxes.append(Box(attrs["name"], float(x), float(y),
+                              float(attrs["width"]), float(attrs["height"])))
+
+
+def parent(box, boxes):
+    """The box drawn right below `box` whose x range holds its own."""
+    for other in boxes:
+        if (abs(other.y - (box.y + box.height)) < 0.01
+                and other.x <= box.x + 0.01
+                and box.x + box.width <= other.x + other.width + 0.01):
+            return other
+    return None
+
+
+def perf_version(perf):
+    proc = subprocess.run([perf, "version"], stdout=subprocess.PIPE,
+                          text=True, timeout=TIMEOUT)
+    match = re.match(r"perf version (\d+)\.(\d+)", proc.stdout)
+    return (int(match.group(1)), int(match.group(2))) if match else None
+
+
+@needs_host("perf")
+class RecordingReportTests(unittest.TestCase):
+    """The reports of one recording of WORKLOAD under -X perf, written
+    with perf (the one util records with) and with $PERF (make test's
+    newer perf, when it is another)."""
+
+    @classmethod
+    def setUpClass(cls):
+        reason = perf_record_works()
+        if reason:
+            skip_environment(reason)
+        cls.chromium = shutil.which("chromium")
+        if cls.chromium is None:
+            skip_environment("chromium is not installed "
+                             "(tools/install-deps.sh installs it)")
+        cls.enterClassContext(tmp_files_lock())
+        cls.tmpdir = os.path.realpath(tempfile.mkdtemp(prefix="perftest-"))
+        cls.addClassCleanup(shutil.rmtree, cls.tmpdir, ignore_errors=True)
+        files = ProfilerFiles(markers=[cls.tmpdir])
+        cls.addClassCleanup(files.cleanup)
+        cls.script = write_script(cls.tmpdir, WORKLOAD, "workload.py")
+        record, samples = record_samples(
+            [sys.executable, "-X", "perf", cls.script], cls.tmpdir)
+        if record.returncode != 0:
+            raise AssertionError(f"perf record failed: {record.stderr}")
+        if not any("handle_request" in sample.python_frames(cls.script)
+                   for sample in samples):
+            raise AssertionError("perf saw no py::handle_request frame")
+        cls.perfs = ["perf"]
+        other = os.environ.get("PERF")
+        if other and shutil.which(other) != shutil.which("perf"):
+            cls.perfs.append(other)
+        cls.reports = {}
+        for number, perf in enumerate(cls.perfs):
+            out = os.path.join(cls.tmpdir, f"reports-{number}")
+            cls.reports[perf] = dict(
+                (os.path.basename(path) if path else "gecko.json",
+                 (description, path))
+                for description, path in _reports.write_reports(
+                    perf, os.path.join(cls.tmpdir, "perf.data"), out))
+
+    def frame(self, function):
+        return f"py::{function}:{self.script}"
+
+    def draw(self, path):
+        """The frames headless Chromium draws for the page at `path`,
+        offline (every host name resolves to nothing)."""
+        profile = tempfile.mkdtemp(dir=self.tmpdir, prefix="chromium-")
+        proc = subprocess.run(
+            [self.chromium, "--headless", "--no-sandbox", "--disable-gpu",
+             "--disable-dev-shm-usage", f"--user-data-dir={profile}",
+             "--host-resolver-rules=MAP * ~NOTFOUND",
+             "--window-size=2000,3000", "--virtual-time-budget=5000",
+             "--dump-dom", f"file://{path}"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            errors="replace", timeout=TIMEOUT)
+        self.assertEqual(proc.returncode, 0, proc.stderr[-2000:])
+        parser = FrameParser()
+        parser.feed(proc.stdout)
+        self.assertTrue(parser.boxes, f"no frame drawn: {proc.stdout[:2000]}")
+        return parser.boxes
+
+    def widest(self, boxes, name):
+        matching = [box for box in boxes if box.name == name]
+        self.assertTrue(matching, f"{name} is not drawn; drawn: "
+                        f"{sorted({box.name for box in boxes})}")
+        return max(matching, key=lambda box: box.width)
+
+    def test_python_view_nests_callee_in_caller(self):
+        for perf in self.perfs:
+            with self.subTest(perf=perf):
+                description, path = self.reports[perf][
+                    "flamegraph-python.html"]
+                self.assertIn("Python view", description)
+                boxes = self.draw(path)
+                callee = self.widest(boxes, self.frame("handle_request"))
+                # Directly on its caller: nothing folded is drawn between.
+                self.assertEqual(parent(callee, boxes).name,
+                                 self.frame("serve"))
+                self.assertEqual(
+                    parent(self.widest(boxes, self.frame("parse")),
+                           boxes).name,
+                    self.frame("handle_request"))
+
+    def test_full_view_draws_python_frames(self):
+        for perf in self.perfs:
+            with self.subTest(perf=perf):
+                _, path = self.reports[perf]["flamegraph.html"]
+                boxes = self.draw(path)
+                box = self.widest(boxes, self.frame("handle_request"))
+                # The caller's evaluator lies between, then the caller.
+                below = parent(box, boxes)
+                self.assertFalse(below.name.startswith("py::"), below)
+                while below is not None and below.name.startswith("_Py"):
+                    below = parent(below, boxes)
+                self.assertEqual(below and below.name, self.frame("serve"))
+
+    def test_collapsed_stacks(self):
+        adjacent = f"{self.frame('serve')};{self.frame('handle_request')};"
+        for perf in self.perfs:
+            with self.subTest(perf=perf):
+                reports = self.reports[perf]
+                with open(reports["stacks-python.folded"][1]) as f:
+                    python = f.read()
+                with open(reports["stacks.folded"][1]) as f:
+                    full = f.read()
+                for text in python, full:
+                    self.assertRegex(text, r"^[^\n]*;[^\n]* [1-9]\d*\n")
+                self.assertIn(adjacent, python)
+                self.assertNotIn(adjacent, full)
+                self.assertIn(self.frame("handle_request"), full)
+
+    def test_firefox_profiler(self):
+        for perf in self.perfs:
+            with self.subTest(perf=perf):
+                description, path = self.reports[perf]["gecko.json"]
+                if perf_version(perf) < (6, 7):
+                    self.assertIsNone(path)
+                    self.assertIn("no gecko report script", description)
+                    continue
+                with open(path, encoding="utf-8") as f:
+                    profile = json.load(f)
+                # Function names as "name (in image)".
+                function = f"{self.frame('handle_request')} (in "
+                self.assertTrue(
+                    any(string.startswith(function)
+                        for thread in profile["threads"]
+                        for string in thread["stringTable"]),
+                    f"no {function}...) in {path}")
+
+
+if __name__ == "__main__":
+    unittest.main()
