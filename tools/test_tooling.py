@@ -27,6 +27,21 @@ def run(tool, *args, env=None):
                           env={**os.environ, **(env or {})})
 
 
+def lib_sh(command, *args):
+    """The output of the bash `command` run with tools/lib.sh sourced
+    (its arguments: `args`)."""
+    return subprocess.run(
+        ["bash", "-c", f'. "$0" && {command}', os.path.join(TOOLS, "lib.sh"),
+         *args], capture_output=True, text=True, check=True).stdout
+
+
+def flamegraph_template_md5(path):
+    """(MD5 of the file at `path`, the one lib.sh expects)."""
+    with open(path, "rb") as f:
+        have = hashlib.md5(f.read()).hexdigest()
+    return have, lib_sh('echo "$FLAMEGRAPH_MD5"').strip()
+
+
 def repo_state():
     """The repository's overlay and patches, as git sees the work tree."""
     return subprocess.run(["git", "-C", ROOT, "status", "--porcelain",
@@ -49,6 +64,21 @@ class FetchTests(unittest.TestCase):
         proc = run("fetch-source.sh")
         self.assertEqual(proc.returncode, 0, proc.stderr)
         self.assertTrue(os.path.isfile(proc.stdout.strip()))
+
+    def test_flame_graph_template_fetched_again_when_wrong(self):
+        with tempfile.TemporaryDirectory() as cache:
+            env = {"PERF_TRAMPOLINE_CACHE": cache}
+            cached = os.path.join(cache, "d3-flamegraph-base-"
+                                  + lib_sh('echo "$FLAMEGRAPH_VERSION"')
+                                  .strip() + ".html")
+            with open(cached, "w") as f:
+                f.write("<html>not the template</html>")
+            proc = run("fetch-flamegraph.sh", env=env)
+            self.assertEqual(proc.returncode, 0, proc.stderr)
+            self.assertEqual(proc.stdout, cached + "\n")
+            self.assertIn("wrong checksum; fetching again", proc.stderr)
+            have, want = flamegraph_template_md5(cached)
+            self.assertEqual(have, want)
 
 
 class BuildTests(unittest.TestCase):
@@ -143,6 +173,15 @@ class TreeTests(ScratchTestCase):
         log = self.git("log", "--format=%s").splitlines()
         self.assertEqual(log, ["Overlay and patches", "Pristine CPython 3.11.2"])
         self.assertEqual(self.git("status", "--porcelain"), "")
+
+    def test_flame_graph_template_is_copied_in_not_exported(self):
+        path = os.path.join(self.tree, "Lib", "perf_trampoline",
+                            "d3-flamegraph-base.html")
+        have, want = flamegraph_template_md5(path)
+        self.assertEqual(have, want)
+        self.assertEqual(self.git("status", "--porcelain", "--ignored",
+                                  "Lib/perf_trampoline/"),
+                         "!! Lib/perf_trampoline/d3-flamegraph-base.html\n")
 
     def test_export_of_unchanged_tree_is_a_no_op(self):
         before = repo_state()
@@ -252,11 +291,8 @@ class DistInstallTests(ProbeMixin, ScratchTestCase):
         cls.python = os.path.join(cls.prefix, "bin", "python3.11")
 
     def test_patch_holds_the_whole_project(self):
-        listing = subprocess.run(
-            ["bash", "-c", '. "$1" && overlay_files && patch_files && '
-             'printf "%s\\n" "${GENERATED[@]}"', "-",
-             os.path.join(TOOLS, "lib.sh")],
-            capture_output=True, text=True, check=True).stdout.split()
+        listing = lib_sh('overlay_files && patch_files && '
+                         'printf "%s\\n" "${GENERATED[@]}"').split()
         expected = {path[len("patches/"):-len(".patch")]
                     if path.startswith("patches/") else path
                     for path in listing}
@@ -280,6 +316,14 @@ class DistInstallTests(ProbeMixin, ScratchTestCase):
         self.assertIn("python3.11", names)
         self.assertIn("pip3.11", names)
         self.assertEqual([n for n in names if "3.11" not in n], [])
+
+    def test_flame_graph_template_is_installed(self):
+        # Not in the patch (test_patch_holds_the_whole_project), copied
+        # into the tree by install.sh.
+        have, want = flamegraph_template_md5(os.path.join(
+            self.prefix, "lib", "python3.11", "perf_trampoline",
+            "d3-flamegraph-base.html"))
+        self.assertEqual(have, want)
 
     def test_destdir_is_honoured(self):
         self.assertFalse(self.prefix_written,
@@ -391,11 +435,8 @@ class DebianTests(ScratchTestCase):
     def index(self):
         """{revision: sha256 of its .debian.tar.xz} in the source index
         that fetch-debian.sh read (through its private apt lists)."""
-        out = subprocess.run(
-            ["bash", "-c", '. "$1" && private_apt "$2" apt-cache showsrc "$3"',
-             "-", os.path.join(TOOLS, "lib.sh"),
-             os.path.join(self.work, "apt"), self.PACKAGE],
-            capture_output=True, text=True, check=True).stdout
+        out = lib_sh('private_apt "$1" apt-cache showsrc "$2"',
+                     os.path.join(self.work, "apt"), self.PACKAGE)
         revisions = {}
         for paragraph in out.split("\n\n"):
             package = re.search(r"^Package: (\S+)$", paragraph, re.M)
@@ -416,6 +457,11 @@ class DebianTests(ScratchTestCase):
     def sha256(self, path):
         with open(path, "rb") as f:
             return hashlib.sha256(f.read()).hexdigest()
+
+    def test_flame_graph_template_is_in_the_tree(self):
+        have, want = flamegraph_template_md5(os.path.join(
+            self.tree, "Lib", "perf_trampoline", "d3-flamegraph-base.html"))
+        self.assertEqual(have, want)
 
     def test_newest_revision_that_downloads(self):
         index = self.index()
