@@ -284,10 +284,17 @@ class _Perf:
                               f"{said.strip(' |') or 'no output'}")
         return proc.stdout
 
-    def run_script(self, name, args):
+    def run_script(self, name, args, output):
+        """Run perf's report script `name` with `args`, which make it
+        write `output`.  A script may fail and still exit 0 (perf only
+        prints the exception): the file it wrote is the proof."""
         path = self.script_path(name)
+        if os.path.lexists(output):
+            os.unlink(output)
         self.run(["script", "-i", "perf.data", "-s", path, "--", *args],
                  f"perf script -s {name}")
+        if not os.path.isfile(output):
+            raise ReportError(f"perf script -s {name} wrote no {output}")
 
     def stacks(self):
         """The recording's stacks, counted (parse_script())."""
@@ -332,7 +339,8 @@ def write_reports(perf, data_path, out_dir):
             raise ReportError(f"{perf.path} has no flamegraph report "
                               f"script in {perf.exec_path}/scripts/python")
         perf.run_script("flamegraph.py", ["--template", TEMPLATE,
-                                          "-o", out["flamegraph.html"]])
+                                          "-o", out["flamegraph.html"]],
+                        out["flamegraph.html"])
         with open(out["flamegraph.html"], encoding="utf-8",
                   errors="replace") as f:
             if TEMPLATE_MARK not in f.read():
@@ -351,8 +359,11 @@ def write_reports(perf, data_path, out_dir):
             python[folded] = python.get(folded, 0) + count
         has_python = any(is_python_frame(name) for stack in stacks
                          for name, _ in stack)
-        header = perf.run(["report", "-i", "perf.data", "--header-only"],
-                          "perf report --header-only")
+        try:
+            header = perf.run(["report", "-i", "perf.data", "--header-only"],
+                              "perf report --header-only")
+        except ReportError as exc:
+            header = str(exc)           # only shown behind a button
         context = ("Python view: the interpreter's frames between two "
                    "Python functions (py::) are folded away.\n\n" + header)
         _write(out["flamegraph-python.html"],
@@ -375,7 +386,8 @@ def write_reports(perf, data_path, out_dir):
         else:
             # --save-only: write the file; without it the script serves
             # it on a local port and opens a browser.
-            perf.run_script("gecko.py", ["--save-only", out["gecko.json"]])
+            perf.run_script("gecko.py", ["--save-only", out["gecko.json"]],
+                            out["gecko.json"])
             reports.append(("Firefox Profiler (open it at "
                             "profiler.firefox.com)", out["gecko.json"]))
     return reports
