@@ -609,8 +609,12 @@ def _report(recorder, perf, out_dir, command, samples, host_maps):
     paths = [recorder.data] if samples else []
     if samples:
         try:
-            paths += [path for _, path in _reports.write_reports(
-                perf, recorder.data, out_dir)]
+            for what, path in _reports.write_reports(perf, recorder.data,
+                                                     out_dir):
+                if path is None:
+                    print(f"perf_trampoline: {what}", file=sys.stderr)
+                else:
+                    paths.append(path)
         except _reports.ReportError as exc:
             print(f"perf_trampoline: no reports: {exc}", file=sys.stderr)
             exit_code = exit_code or 2

@@ -56,7 +56,10 @@ COMMAND = """\
 
 CHAIN = ["leaf", "mid", "top"]
 # The -p tests record test_attach's target, mode "busy".
-OUTPUTS = ["perf.data", "perf.script"]
+# What record writes with any perf, in the order it prints them (a perf
+# with the gecko script adds gecko.json).
+OUTPUTS = ["perf.data", "flamegraph.html", "flamegraph-python.html",
+           "stacks.folded", "stacks-python.folded"]
 
 
 def proc_state(pid):
@@ -120,10 +123,14 @@ class RecordTestCase(PerfTestCase):
         """The paths record printed, perf.data first, and `chain` in it:
         Python frames of the script `name`, innermost first.  Returns the
         chains of the samples."""
-        expected = OUTPUTS
-        paths = result.stdout.splitlines()[-len(expected):]
-        self.assertEqual(paths, [os.path.join(self.out, name)
-                                 for name in expected], result.stderr)
+        lines = result.stdout.splitlines()
+        data = os.path.join(self.out, "perf.data")
+        self.assertIn(data, lines, result.stderr)
+        # The command's output comes first, then the paths.
+        paths = lines[len(lines) - 1 - lines[::-1].index(data):]
+        self.assertEqual(paths[:len(OUTPUTS)],
+                         [os.path.join(self.out, name) for name in OUTPUTS],
+                         result.stderr)
         for path in paths:
             self.assertTrue(os.path.isfile(path), path)
         script = subprocess.run(
