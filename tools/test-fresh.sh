@@ -9,7 +9,9 @@
 #   anew), so later runs unpack it in seconds.
 # - Inside it: the apt sources a Debian 12 install has (release, updates,
 #   security), then only the README's prerequisites (git, make,
-#   ca-certificates), then a clone of this repository's committed HEAD
+#   ca-certificates), this machine's network settings (apt proxy, local
+#   certificate authorities, npm's configuration), then a clone of this
+#   repository's committed HEAD
 #   (uncommitted changes are not part of the test), and upstream's perf
 #   test files from this machine's pyenv, if it has them.
 # - `make demo` and `make test` run in it through chroot with /proc, /sys
@@ -146,6 +148,17 @@ say "installing the README's prerequisites: ${PREREQUISITES[*]}"
 in_root apt-get update -qq >"$WORK/prerequisites.log" 2>&1 &&
     in_root apt-get install -y -qq "${PREREQUISITES[@]}" >>"$WORK/prerequisites.log" 2>&1 ||
     { tail -20 "$WORK/prerequisites.log" >&2; die "installing the prerequisites failed"; }
+# What reaching npm's registry takes on this machine's network, a machine
+# on it has too: the certificate authorities it adds to Debian's (a TLS
+# proxy's, say) and npm's configuration.
+if compgen -G "/usr/local/share/ca-certificates/*.crt" >/dev/null; then
+    cp /usr/local/share/ca-certificates/*.crt "$CHROOT/usr/local/share/ca-certificates/"
+    in_root update-ca-certificates >>"$WORK/prerequisites.log" 2>&1 ||
+        die "update-ca-certificates failed (log: $WORK/prerequisites.log)"
+fi
+if [ -f /etc/npmrc ]; then
+    cp /etc/npmrc "$CHROOT/etc/npmrc"
+fi
 
 head=$(git -C "$ROOT" rev-parse HEAD)
 say "cloning $ROOT at ${head:0:12} into the root"
