@@ -298,20 +298,26 @@ class _Perf:
 
     def stacks(self):
         """The recording's stacks, counted (parse_script())."""
-        try:
-            proc = subprocess.Popen(
-                [self.path, "script", "-i", "perf.data", "-F", SCRIPT_FIELDS],
-                cwd=self.workdir, env=self.env, stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                errors="replace")
-        except OSError as exc:
-            raise ReportError(f"perf script: {exc}") from None
-        with proc:
-            stacks = parse_script(proc.stdout)
-            error = proc.stderr.read()
-        if proc.returncode != 0:
-            raise ReportError(f"perf script failed (exit {proc.returncode})"
-                              f": {error.strip()[-300:] or 'no output'}")
+        # perf's warnings go to a file: a pipe nobody reads while the
+        # stacks are read would stop perf once full.
+        with open(os.path.join(self.workdir, "script.err"), "w+",
+                  errors="replace") as err:
+            try:
+                proc = subprocess.Popen(
+                    [self.path, "script", "-i", "perf.data", "-F",
+                     SCRIPT_FIELDS], cwd=self.workdir, env=self.env,
+                    stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                    stderr=err, text=True, errors="replace")
+            except OSError as exc:
+                raise ReportError(f"perf script: {exc}") from None
+            with proc:
+                stacks = parse_script(proc.stdout)
+            if proc.returncode != 0:
+                err.seek(0)
+                error = err.read().strip()[-300:]
+                raise ReportError(f"perf script failed (exit "
+                                  f"{proc.returncode}): "
+                                  f"{error or 'no output'}")
         return stacks
 
 

@@ -47,6 +47,19 @@ def names(stack):
     return [name for name, _ in stack]
 
 
+# perf --exec-path, and perf script with 1 MB of warnings first.
+FAKE_PERF = """\
+    #!/bin/sh
+    case "$1" in
+    --exec-path) dirname "$0" ;;
+    script)
+        head -c 1000000 /dev/zero | tr '\\0' w | timeout 20 cat >&2 || exit 3
+        printf 'python  42/42  \\n\\t    1000 py::f:a.py (/tmp/perf-42.map)\\n'
+        ;;
+    esac
+    """
+
+
 class FoldTests(unittest.TestCase):
     """fold_python() on made-up stacks, root first."""
 
@@ -174,6 +187,21 @@ class ParseTests(unittest.TestCase):
                                             "template is missing"):
                     _reports.write_reports("perf", "perf.data", tmp)
             self.assertEqual(os.listdir(tmp), [])
+
+    def test_perf_script_warnings_do_not_stop_it(self):
+        # A perf script that says more on stderr than a pipe holds
+        # before its stacks: a reader waiting for the stacks only would
+        # leave it blocked (here: until `timeout` ends it, exit 3).
+        with tempfile.TemporaryDirectory() as tmp:
+            perf = write_script(tmp, FAKE_PERF, "perf")
+            os.chmod(perf, 0o755)
+            data = os.path.join(tmp, "perf.data")
+            open(data, "w").close()
+            workdir = os.path.join(tmp, "work")
+            os.mkdir(workdir)
+            stacks = _reports._Perf(perf, data, workdir).stacks()
+        self.assertEqual(stacks, {(("python (42)", ""),
+                                   ("py::f:a.py", "/tmp/perf-42.map")): 1})
 
     def test_template_installed(self):
         # tools/fetch-flamegraph.sh put it there, checked.
