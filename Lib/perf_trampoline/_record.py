@@ -354,8 +354,12 @@ class Recorder:
             os.set_inheritable(err_fd, True)
             args += ["--", sys.executable, "-I", "-S", "-c", _EXEC_HELPER,
                      str(os.getpgrp()), str(err_fd), *target]
-        log_fd = os.open(self.log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC
-                         | os.O_CLOEXEC, 0o644)
+        try:
+            log_fd = os.open(self.log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC
+                             | os.O_CLOEXEC, 0o644)
+        except OSError as exc:
+            raise RecordError(f"cannot write {self.log}: "
+                              f"{exc.strerror}") from None
         try:
             self.perf_pid = _spawn(args, log_fd, env, self.old_mask)
         except OSError as exc:

@@ -332,6 +332,16 @@ def write_reports(perf, data_path, out_dir):
     executable `perf`.  Returns [(description, path)], one per report;
     path is None for a report this perf cannot write, and the
     description says why.  Raises ReportError(message)."""
+    try:
+        return _write_reports(perf, data_path, out_dir)
+    except OSError as exc:
+        # A file or directory of the reports cannot be written (a full
+        # disk, a directory where a report goes, ...).
+        where = f"{exc.filename}: " if exc.filename else ""
+        raise ReportError(f"{where}{exc.strerror or exc}") from None
+
+
+def _write_reports(perf, data_path, out_dir):
     template = read_template()
     out_dir = os.path.abspath(out_dir)
     os.makedirs(out_dir, exist_ok=True)

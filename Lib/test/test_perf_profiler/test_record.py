@@ -346,6 +346,15 @@ class RecordErrorTests(RecordTestCase):
                 self.assertRefused(self.tool("--perf", self.fake_perf, "-o",
                                              self.out, *args), message)
 
+    def test_log_cannot_be_written(self):
+        log = os.path.join(self.out, "perf-record.log")
+        os.makedirs(log)
+        result = self.tool("--perf", self.fake_perf, "-o", self.out, "--",
+                           "true")
+        self.assertEqual((result.returncode, result.stdout, result.stderr),
+                         (2, "", f"perf_trampoline: cannot write {log}: Is "
+                                 f"a directory\n"))
+
     def test_existing_perf_data(self):
         os.mkdir(self.out)
         data = os.path.join(self.out, "perf.data")

@@ -203,6 +203,13 @@ class ParseTests(unittest.TestCase):
         self.assertEqual(stacks, {(("python (42)", ""),
                                    ("py::f:a.py", "/tmp/perf-42.map")): 1})
 
+    def test_unwritable_output_is_a_report_error(self):
+        with tempfile.NamedTemporaryFile() as f:
+            with self.assertRaisesRegex(_reports.ReportError,
+                                        f"{f.name}/out: Not a directory"):
+                _reports.write_reports("perf", "perf.data",
+                                       os.path.join(f.name, "out"))
+
     def test_template_installed(self):
         # tools/fetch-flamegraph.sh put it there, checked.
         self.assertIn(_reports.STACKS_PLACEHOLDER, _reports.read_template())
