@@ -22,7 +22,8 @@ later is never read), and no symlink is followed on the way to the file.
 
 Only whole lines are copied.  The interpreter writes its map through a
 shared mapping: while it runs, the file may end in NULs, and a line's
-first byte is stored last, so the copy stops at the first NUL.
+first byte is stored last, so the copy stops at the first NUL.  A copy
+stops at MAX_COPY bytes.
 
 Jitdumps (-X perf_jit) are copied to /tmp/jit-<pid>.dump only for a
 process in our PID namespace (a private /tmp, as systemd's PrivateTmp).
@@ -56,6 +57,9 @@ __all__ = ["NamespaceMaps", "MapsError", "save_maps_main"]
 # Bytes read from a container's file at a time; a longer line or record
 # is taken for a broken file.
 CHUNK = 1 << 20
+# The most copied of one file: a container can write a map without end,
+# and the host's /tmp is often memory.
+MAX_COPY = 256 << 20
 
 # jitdump (tools/perf/Documentation/jitdump-specification.txt): a header
 # of `header size` bytes, then records, each with a prefix: id, total
@@ -180,6 +184,12 @@ class _Copy:
                     if self.out < 0:
                         return
                     continue        # an adopted earlier copy moved `done`
+                if self.done + size > MAX_COPY:
+                    room = data[:MAX_COPY - self.done]
+                    self._append(room[:self.complete(room, self.done)])
+                    self._fail(f"{self.name}: larger than {MAX_COPY} bytes: "
+                               f"copy stopped")
+                    return
                 self._append(data[:size])
                 if size < len(data) or len(data) < CHUNK:
                     return
@@ -247,7 +257,7 @@ class _Copy:
                 os.close(fd)
 
     def _is_earlier_copy(self, size):
-        if size > 256 * CHUNK:
+        if size > MAX_COPY:
             return False
         fd = os.open(self.dest, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
                      | os.O_NONBLOCK)

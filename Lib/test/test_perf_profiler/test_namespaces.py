@@ -9,7 +9,9 @@ import subprocess
 import sys
 import time
 import unittest
+import unittest.mock
 
+from perf_trampoline import _namespaces
 from perf_trampoline._namespaces import NamespaceMaps
 from test.test_perf_profiler.util import (
     CHAIN, CHAIN_RESULT, CHAIN_SOURCE, PERF_RECORD, PerfTestCase, TIMEOUT,
@@ -255,6 +257,23 @@ class NamespaceMapsTest(PerfTestCase):
                     self.assertIn("written since the process started",
                                   warnings[0])
                     self.assertIn("someone_else", copy)
+
+    def test_copy_is_bounded(self):
+        # A container can write a map as large as it likes; the host's
+        # /tmp (often memory) gets whole lines up to MAX_COPY.
+        proc, pid, _ = self.start()
+        warnings, warn = self.warnings()
+        with unittest.mock.patch.object(_namespaces, "MAX_COPY", 100):
+            with NamespaceMaps(warn) as maps:
+                self.assertTrue(maps.watch(pid))
+                self.finish(proc)
+                self.assertEqual(maps.close(), [f"/tmp/perf-{pid}.map"])
+        with open(f"/tmp/perf-{pid}.map", "rb") as f:
+            copy = f.read()
+        self.assertLessEqual(len(copy), 100)
+        self.assertTrue(copy.endswith(b"\n"), copy)
+        self.assertEqual(len(warnings), 1, warnings)
+        self.assertIn("larger than 100 bytes: copy stopped", warnings[0])
 
     def test_save_maps_command(self):
         proc, pid, _ = self.start()
