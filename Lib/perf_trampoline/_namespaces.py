@@ -18,7 +18,8 @@ The container's files are only read, through descriptors opened while
 the process lives and kept: lines written until its very end are read
 after it exited, even once its private /tmp is gone.  Every lookup below
 /proc/<pid> goes through a descriptor of that directory (a pid reused
-later is never read), and no symlink is followed on the way to the file.
+later is never read), no symlink is followed on the way to the file,
+and only a regular file is opened for reading.
 
 Only whole lines are copied.  The interpreter writes its map through a
 shared mapping: while it runs, the file may end in NULs, and a line's
@@ -146,14 +147,23 @@ class _Copy:
         if self.src >= 0 or self.failed:
             return
         try:
-            fd = os.open(self.name, os.O_RDONLY | os.O_NONBLOCK
-                         | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=tmp_fd)
+            # O_PATH opens nothing: a device node's driver is not run, a
+            # FIFO not waited on, a symlink is itself, not followed.
+            path_fd = os.open(self.name, os.O_PATH | os.O_NOFOLLOW
+                              | os.O_CLOEXEC, dir_fd=tmp_fd)
         except OSError:
-            return          # not yet (or a symlink: never ours to read)
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_mtime < self.started:
-            os.close(fd)
+            return          # not yet
+        try:
+            st = os.fstat(path_fd)
+            if not stat.S_ISREG(st.st_mode) or st.st_mtime < self.started:
+                return
+            # The same file, now known to be a regular one.
+            fd = os.open(f"/proc/self/fd/{path_fd}",
+                         os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
             return
+        finally:
+            os.close(path_fd)
         try:
             here = os.lstat(self.dest)
         except OSError:

@@ -5,6 +5,7 @@ processes have exited."""
 import glob
 import os
 import shutil
+import stat
 import subprocess
 import sys
 import time
@@ -274,6 +275,32 @@ class NamespaceMapsTest(PerfTestCase):
         self.assertTrue(copy.endswith(b"\n"), copy)
         self.assertEqual(len(warnings), 1, warnings)
         self.assertIn("larger than 100 bytes: copy stopped", warnings[0])
+
+    def test_hostile_files_not_read(self):
+        # What the container puts at its map's name: a FIFO (an open for
+        # reading would wait for a writer), a symlink to a host file, a
+        # device node.  None is copied, and the FIFO does not block.
+        secret = os.path.join(self.tmpdir, "secret")
+        with open(secret, "w") as f:
+            f.write("1000 10 py::host_secret:x.py\n")
+        for kind in ("fifo", "symlink", "device"):
+            with self.subTest(kind=kind):
+                proc, pid, nspid = self.start()
+                theirs = f"/proc/{pid}/root/tmp/perf-{nspid}.map"
+                os.unlink(theirs)
+                if kind == "fifo":
+                    os.mkfifo(theirs)
+                elif kind == "symlink":
+                    os.symlink(secret, theirs)
+                else:
+                    os.mknod(theirs, 0o600 | stat.S_IFCHR, os.makedev(1, 3))
+                warnings, warn = self.warnings()
+                with NamespaceMaps(warn) as maps:
+                    self.assertTrue(maps.watch(pid))
+                    self.finish(proc)
+                    self.assertEqual(maps.close(), [])
+                self.assertEqual(warnings, [])
+                self.assertFalse(os.path.lexists(f"/tmp/perf-{pid}.map"))
 
     def test_save_maps_command(self):
         proc, pid, _ = self.start()
