@@ -446,10 +446,6 @@ class NamespaceMaps:
 POLL_INTERVAL = 0.5
 
 
-def _stop(signum, frame):
-    raise KeyboardInterrupt
-
-
 def save_maps_main(pids):
     """Follow `pids` until they exit (or SIGINT/SIGTERM), then print the
     copies' paths.  Exit status: 0, or 2 if a process could not be
@@ -460,7 +456,10 @@ def save_maps_main(pids):
         problems.append(message)
         _warn(message)
 
-    previous = signal.signal(signal.SIGTERM, _stop)
+    # The signals are only waited for: one that interrupted a copy
+    # between its write and its bookkeeping would copy lines twice.
+    stop = {signal.SIGINT, signal.SIGTERM}
+    old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, stop)
     try:
         with NamespaceMaps(warn) as maps:
             for pid in pids:
@@ -472,15 +471,15 @@ def save_maps_main(pids):
                               f"save")
                 except MapsError as exc:
                     warn(str(exc))
-            try:
-                while maps.running():
-                    time.sleep(POLL_INTERVAL)
-                    maps.update()
-            except KeyboardInterrupt:
-                pass
+            while maps.running():
+                if signal.sigtimedwait(stop, POLL_INTERVAL) is not None:
+                    break
+                maps.update()
             paths = maps.close()
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        while signal.sigtimedwait(stop, 0) is not None:
+            pass
+        signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
     for path in paths:
         print(path)
     return 2 if problems else 0

@@ -5,6 +5,7 @@ processes have exited."""
 import glob
 import os
 import shutil
+import signal
 import stat
 import subprocess
 import sys
@@ -316,6 +317,30 @@ class NamespaceMapsTest(PerfTestCase):
         with open(f"/tmp/perf-{pid}.map") as f:
             self.assertIn("py::last_words:<string>\n", f.read())
 
+
+    def test_save_maps_stopped_by_signal(self):
+        # The process goes on; the tool stops, copies the rest once and
+        # prints the copy.
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            with self.subTest(signal=signum.name):
+                proc, pid, _ = self.start()
+                tool = subprocess.Popen(
+                    [sys.executable, "-I", "-m", "perf_trampoline",
+                     "save-maps", str(pid)], stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE, text=True)
+                # It has watched the process once the copy exists.
+                copy = f"/tmp/perf-{pid}.map"
+                while tool.poll() is None and not os.path.exists(copy):
+                    time.sleep(0.05)
+                tool.send_signal(signum)
+                out, err = tool.communicate(timeout=TIMEOUT)
+                self.assertEqual((tool.returncode, out, err),
+                                 (0, f"{copy}\n", ""))
+                with open(copy) as f:
+                    lines = f.read().splitlines()
+                self.assertIn(" py::outer:<string>", "\n".join(lines))
+                self.assertEqual(len(lines), len(set(lines)), lines)
+                self.finish(proc)
 
 class OwnNamespacesTest(unittest.TestCase):
 
