@@ -285,11 +285,20 @@ def _stat_fields(pid, tid=None):
     path = (_proc(pid, "stat") if tid is None
             else _proc(pid, "task", str(tid), "stat"))
     data = _read_small(path)
-    if not data:
-        return None
+    return _parse_stat(data) if data else None
+
+
+def _parse_stat(data):
+    """The bytes of a /proc stat file as (comm, [state, ppid, ...])."""
     # comm is in parentheses and may itself hold ") ".
     head, _, tail = data.decode("ascii", "replace").rpartition(")")
     return head.partition("(")[2], tail.split()
+
+
+def _alive(pid):
+    """Has process `pid` not exited?  (A zombie has.)"""
+    fields = _stat_fields(pid)
+    return fields is not None and fields[1][0] not in ("Z", "X")
 
 
 def _check_process(pid):

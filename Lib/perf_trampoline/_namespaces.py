@@ -51,7 +51,7 @@ import stat
 import sys
 import time
 
-from perf_trampoline import RemoteError
+from perf_trampoline import RemoteError, _parse_stat
 
 __all__ = ["NamespaceMaps", "MapsError", "save_maps_main"]
 
@@ -110,8 +110,7 @@ def _whole_records(data, done):
 def _start_time(stat_data):
     """Wall-clock time a process started, from its /proc stat (start in
     clock ticks after boot, field 22), rounded down to a tick."""
-    fields = stat_data.decode("ascii", "replace").rpartition(")")[2].split()
-    ticks = int(fields[19])
+    ticks = int(_parse_stat(stat_data)[1][19])
     hz = os.sysconf("SC_CLK_TCK")
     since_boot = ticks // hz + (ticks % hz) / hz
     return time.time() - (time.clock_gettime(time.CLOCK_BOOTTIME)
@@ -313,7 +312,7 @@ class _Process:
             data = _read_at("stat", self.proc_fd)
         except OSError:
             return False
-        state = data.decode("ascii", "replace").rpartition(")")[2].split()
+        state = _parse_stat(data)[1]
         return bool(state) and state[0] not in ("Z", "X")
 
     def update(self):

@@ -41,8 +41,8 @@ import subprocess
 import sys
 import time
 
-from perf_trampoline import (RemoteError, _namespaces, _reports, _stat_fields,
-                             attach, detach, status)
+from perf_trampoline import (RemoteError, _alive, _namespaces, _reports,
+                             _stat_fields, attach, detach, status)
 
 # perf inject --jit merges DWARF-unwound jitdump frames correctly from 6.8.
 PERF_JIT_MIN = (6, 8)
@@ -258,11 +258,6 @@ def descendants(root):
         found.append(pid)
         todo.extend(tree.get(pid, ()))
     return found
-
-
-def _alive(pid):
-    fields = _stat_fields(pid)
-    return fields is not None and fields[1][0] not in ("Z", "X")
 
 
 def _signal_name(signum):
