@@ -32,6 +32,7 @@ process, or every descendant of the command, while recording.
 """
 
 import argparse
+import math
 import os
 import re
 import selectors
@@ -549,7 +550,8 @@ def _check_args(args):
         raise RecordError("record needs a COMMAND (after --) or -p PID")
     if args.pid is not None and command:
         raise RecordError("record takes -p PID or a COMMAND, not both")
-    if args.seconds is not None and (args.pid is None or args.seconds <= 0):
+    if args.seconds is not None and (args.pid is None
+                                     or not 0 < args.seconds < math.inf):
         raise RecordError("--seconds N (N > 0) goes with -p PID")
     if args.freq <= 0:
         raise RecordError("-F HZ must be a positive number")

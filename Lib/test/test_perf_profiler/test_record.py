@@ -339,6 +339,9 @@ class RecordErrorTests(RecordTestCase):
                 ([], "needs a COMMAND (after --) or -p PID"),
                 (["-p", "1", "--", "true"], "-p PID or a COMMAND, not both"),
                 (["--seconds", "1", "--", "true"], "goes with -p PID"),
+                (["-p", "1", "--seconds", "nan"], "(N > 0)"),
+                (["-p", "1", "--seconds", "inf"], "(N > 0)"),
+                (["-p", "1", "--seconds", "0"], "(N > 0)"),
                 (["-F", "0", "--", "true"], "-F HZ must be a positive"),
                 (["--", "no-such-command-here"],
                  "command not found: no-such-command-here")):
