@@ -839,4 +839,3 @@ def main(argv=None):
         print(f"profile it with: perf record -k 1 --call-graph dwarf "
               f"-p {pid}, then perf inject --jit")
     return 0
-

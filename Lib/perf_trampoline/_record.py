@@ -320,6 +320,7 @@ class Recorder:
         self.log = os.path.join(out_dir, LOG_NAME)
         self.old_mask = old_mask
         self.maps = _namespaces.NamespaceMaps()
+        self.host_maps = None
         self.watched = set()
         self.perf_pid = None
         self.status = None          # perf's wait status, once reaped
@@ -466,7 +467,11 @@ class Recorder:
         return samples
 
     def close_maps(self):
-        return self.maps.close()
+        """The last copies of the container processes' files (once: the
+        paths written)."""
+        if self.host_maps is None:
+            self.host_maps = self.maps.close()
+        return self.host_maps
 
 
 def _record_command(recorder, command):
@@ -581,6 +586,10 @@ def run(args):
             samples = _record_command(recorder, command)
         else:
             samples = _record_pid(recorder, args.pid)
+        # perf inject reads the copies of container processes' jitdumps:
+        # complete them first.
+        recorder.stop()
+        recorder.close_maps()
         if args.jit and samples:
             inject(perf, recorder.recorded, recorder.data)
     except RecordError as exc:

@@ -25,7 +25,7 @@ from test.test_perf_profiler.util import (
 # Calls top -> mid -> leaf, then exits with status argv[1]; a SIGINT is
 # answered with a line, after a pause perf's SIGTERM would cut short.
 COMMAND = """\
-    import signal, sys, time
+    import os, signal, sys, time
 
     def leaf(n):
         total = 0
@@ -42,7 +42,9 @@ COMMAND = """\
 
     def interrupted(signum, frame):
         time.sleep(0.3)
-        print("handled SIGINT", file=sys.stderr, flush=True)
+        # Not print(): the signal may arrive while print("started") is
+        # still inside sys.stderr, which is not reentrant.
+        os.write(2, b"handled SIGINT\n")
         sys.exit(5)
 
     signal.signal(signal.SIGINT, interrupted)
