@@ -44,7 +44,7 @@ COMMAND = """\
         time.sleep(0.3)
         # Not print(): the signal may arrive while print("started") is
         # still inside sys.stderr, which is not reentrant.
-        os.write(2, b"handled SIGINT\n")
+        os.write(2, b"handled SIGINT\\n")
         sys.exit(5)
 
     signal.signal(signal.SIGINT, interrupted)
