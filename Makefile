@@ -63,7 +63,7 @@ AARCH64_TREE := build/cpython-aarch64
 
 .PHONY: all build deps deps-test deps-jit tree export dist install test test-fresh demo demo-jit nofp release release-nofp bench clean help
 .PHONY: deps-debian debian install-debian test-debian
-.PHONY: deps-aarch64 aarch64 test-aarch64 test-release
+.PHONY: deps-aarch64 aarch64 test-aarch64 test-release deb test-deb
 
 all: build
 
@@ -84,6 +84,8 @@ help:
 	@echo "make test-debian   the tests of make test (less the tooling's) on the Debian build"
 	@echo "make install-debian   install the Debian build for PREFIX, as altinstall does"
 	@echo "make test-release   the tests of make test (less the tooling's) on the release build"
+	@echo "make deb        Debian 12's python3.11 packages with ours, by Debian's rules, into build/deb/"
+	@echo "make test-deb   install build/deb/*.deb over Debian's in a clean Debian 12 root, check, go back"
 	@echo "make aarch64    cross-build $(AARCH64_TREE) for arm64 (runs under qemu-user)"
 	@echo "make test-aarch64   our tests with the arm64 build under qemu-user"
 	@echo "make deps       install the missing Debian packages building and using it need (as root)"
@@ -184,6 +186,18 @@ test-aarch64: deps-test aarch64
 test-release: deps-test nofp release
 	@PERF_NOFP_PYTHON=$(NOFP_PYTHON) tools/run-tests.sh --no-tooling \
 		--tree $(RELEASE_TREE)
+
+# make deb: Debian's python3.11 source package of its newest revision
+# with the dist patch in its quilt series, built by its own debian/rules
+# (dpkg-buildpackage -B; PGO and LTO, about N hours on 2 cores) into
+# build/deb/ (tools/deb.sh).  Debian's DEB_BUILD_OPTIONS: nocheck skips
+# its test suite runs (the PGO training run stays).
+DEB_BUILD_OPTIONS ?= nocheck parallel=$(NPROC)
+deb: dist
+	@DEB_BUILD_OPTIONS="$(DEB_BUILD_OPTIONS)" tools/deb.sh $(DIST_PATCH)
+
+test-deb:
+	@tools/test-deb.sh
 
 # The README's two commands in a clean Debian 12 root (what CI runs).
 test-fresh:

@@ -18,6 +18,9 @@
 #                                  gdb-multiarch and arm64 libraries in a
 #                                  private sysroot (below)
 #   tools/install-deps.sh fresh    only debootstrap and git (make test-fresh)
+#   tools/install-deps.sh deb DIR  what `dpkg-buildpackage -B` needs for the
+#                                  unpacked source package DIR (make deb):
+#                                  its Build-Depends, as apt resolves them
 #
 # Packages are installed without their recommends, so every package the
 # build, the demo or the tests run is named here (a clean Debian 12 root,
@@ -60,9 +63,10 @@ bench) PACKAGES+=(hyperfine) ;;
 # --with-dbmliborder=bdb:gdbm), xz for Debian's tarball.
 debian) PACKAGES+=(dpkg-dev libexpat1-dev libdb-dev xz-utils) ;;
 fresh) PACKAGES=(debootstrap git) ;;
+deb) PACKAGES=(dpkg-dev fakeroot) ;;
 # gdb for a remote aarch64 target (qemu's gdbstub), test_unwind.
 aarch64) PACKAGES+=("${CROSS_PACKAGES[@]}" gdb-multiarch) ;;
-*) echo "install-deps: unknown mode '$MODE' (expected: test, bench, jit, debian, aarch64, fresh)" >&2
+*) echo "install-deps: unknown mode '$MODE' (expected: test, bench, jit, debian, aarch64, fresh, deb)" >&2
    exit 2 ;;
 esac
 # npm fetches the flame graph template for every tree
@@ -230,8 +234,23 @@ install_aarch64_sysroot() {
     say "arm64 libraries in $dir"
 }
 
+# The packages apt would install for DIR's Build-Depends (apt-get
+# build-dep reads DIR/debian/control), installed as the others are.
+build_depends() {
+    local dir=${1:?install-deps: deb needs the unpacked source directory} pkgs
+    [ "$(id -u)" -ne 0 ] || apt-get update -qq
+    mapfile -t pkgs < <(apt-get build-dep -s -qq --arch-only "$dir" 2>/dev/null |
+                        awk '/^Inst / { print $2 }')
+    install_missing "${pkgs[@]}"
+    dpkg-checkbuilddeps -B "$dir/debian/control" || {
+        say "error: $dir's build dependencies are still not met"
+        return 1
+    }
+}
+
 install_missing "${PACKAGES[@]}"
 case $MODE in
+deb) build_depends "${2:-}" ;;
 jit) install_private_perf ;;
 aarch64) install_aarch64_sysroot ;;
 esac

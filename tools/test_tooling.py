@@ -528,6 +528,74 @@ class DebianTests(ScratchTestCase):
         self.assertLessEqual({"_posixsubprocess", "math"}, modules)
 
 
+class DebTests(ScratchTestCase):
+    """make deb's inputs (CI cannot afford the build): the source package
+    tools/deb.sh --source writes, unpacked with dpkg-source -x as
+    dpkg-buildpackage would build it."""
+
+    @classmethod
+    def prepare(cls):
+        patch = os.path.join(cls.tmp, "perf.patch")
+        must_succeed(run("dist.sh", patch,
+                         env={"TREE": os.path.join(cls.tmp, "cpython-dist")}))
+        source = run("deb.sh", "--source", patch,
+                     env={"DEB_WORK": os.path.join(cls.tmp, "deb"),
+                          "DEBIAN_WORK": os.path.join(cls.tmp, "debian")})
+        must_succeed(source)
+        cls.dsc = source.stdout.strip()
+        cls.tree = os.path.join(cls.tmp, "unpacked")
+        # dpkg-source applies the quilt series as quilt does: no fuzz.
+        cls.unpack = subprocess.run(["dpkg-source", "-x", cls.dsc, cls.tree],
+                                    capture_output=True, text=True)
+        must_succeed(cls.unpack)
+        with open(cls.dsc) as f:
+            cls.version = re.search(r"^Version: (\S+)$", f.read(), re.M)[1]
+
+    def read(self, path):
+        with open(os.path.join(self.tree, path)) as f:
+            return f.read()
+
+    def test_our_patch_applies_last_in_the_series(self):
+        series = [line for line in self.read("debian/patches/series").split("\n")
+                  if line and not line.startswith("#")]
+        self.assertEqual(series[-1], "perf-trampolines.diff")
+        self.assertIn("applying perf-trampolines.diff", self.unpack.stdout)
+        self.assertIn("_PyPerf_", self.read("Python/ceval.c"))
+        self.assertTrue(os.path.isfile(os.path.join(
+            self.tree, "Lib", "perf_trampoline", "__init__.py")))
+
+    def test_configure_is_left_to_debian_rules(self):
+        # debian/rules runs autoconf; it runs no autoheader.
+        patch = self.read("debian/patches/perf-trampolines.diff")
+        files = re.findall(r"^diff --git a/(\S+) ", patch, re.M)
+        self.assertNotIn("configure", files)
+        self.assertIn("configure.ac", files)
+        self.assertIn("pyconfig.h.in", files)
+        rules = self.read("debian/rules")
+        self.assertRegex(rules, r"(?m)^\s*autoconf$")
+        self.assertNotIn("autoheader", rules)
+
+    def test_every_build_has_frame_records_on_the_python_chain(self):
+        rules = self.read("debian/rules")
+        args = rules.split("common_configure_args = \\\n", 1)[1].split("\n\n")[0]
+        self.assertIn("--with-frame-pointers=python", args.split())
+        self.assertIn("--with-frame-pointers=python", self.read("debian/changelog"))
+
+    def test_version_sorts_between_debians_and_the_next(self):
+        base, _, ours = self.version.partition("+perf")
+        self.assertEqual(ours, "1")
+        self.assertEqual(os.path.basename(self.dsc),
+                         f"python3.11_{self.version}.dsc")
+        self.assertRegex(base, r"^3\.11\.2-6\+deb12u\d+$")
+        following = re.sub(r"\d+$", lambda m: str(int(m[0]) + 1), base)
+        self.assertTrue(dpkg_newer(self.version, base))
+        self.assertTrue(dpkg_newer(following, self.version))
+        changelog = self.read("debian/changelog")
+        self.assertTrue(changelog.startswith(f"python3.11 ({self.version}) "))
+        # Debian's own entries follow ours unchanged.
+        self.assertIn(f"python3.11 ({base}) ", changelog)
+
+
 class CountTests(unittest.TestCase):
     """tools/unit_counts.py gives every test case exactly one outcome."""
 
