@@ -50,6 +50,10 @@ Environment (or the matching command line options):
     BENCH_RELEASE_NOFP  the same without frame pointers, measured with perf
                     off: what frame pointers cost on their own (default
                     build/cpython-release-nofp/python when built)
+    BENCH_PACKAGED  the /usr/bin/python3.11 of make deb's packages, our
+                    patch in Debian's own build (default
+                    build/deb/root/usr/bin/python3.11, where tools/bench.sh
+                    unpacks them, when there; empty: none)
 """
 
 import argparse
@@ -219,6 +223,15 @@ def make_configs(args):
                               version))
         configs.append(Config("release-on", "release", args.release, True,
                               version))
+    if args.packaged:
+        version = wait_until_runs(args.packaged, "packaged", patient=False)
+        if not perf_works(args.packaged):
+            raise RuntimeError("%s -X perf does not activate the trampoline"
+                               % args.packaged)
+        configs.append(Config("packaged-off", "packaged", args.packaged,
+                              False, version))
+        configs.append(Config("packaged-on", "packaged", args.packaged,
+                              True, version))
     if args.release_nofp:
         version = wait_until_runs(args.release_nofp, "release-nofp",
                                   patient=True)
@@ -396,6 +409,8 @@ def summarize(configs, workloads, samples, units, unit_samples):
             add("ours on/theirs", "ours-on", "theirs")
             add("release off/theirs", "release-off", "theirs")
             add("release on/theirs", "release-on", "theirs")
+            add("packaged off/theirs", "packaged-off", "theirs")
+            add("packaged on/theirs", "packaged-on", "theirs")
         add("release fp/nofp", "release-off", "release-nofp-off")
         for c in configs:
             if c.group not in ("stock", "ours") and c.perf:
@@ -612,6 +627,10 @@ def parse_args():
     p.add_argument("--release-nofp", default=env.get("BENCH_RELEASE_NOFP"),
                    help="the same without frame pointers (default: "
                    "build/cpython-release-nofp/python when built)")
+    p.add_argument("--packaged", default=env.get("BENCH_PACKAGED"),
+                   help="make deb's python3.11, unpacked (default: "
+                   "build/deb/root/usr/bin/python3.11 when there; empty: "
+                   "none)")
     p.add_argument("--upstream", default=env.get("BENCH_UPSTREAM"),
                    help="space-separated interpreters "
                    "(default: pyenv 3.12/3.13)")
@@ -629,9 +648,11 @@ def parse_args():
                      else args.upstream.split())
     if args.theirs is None and os.path.exists(DEBIAN_PYTHON):
         args.theirs = DEBIAN_PYTHON
-    for name, tree in (("release", "cpython-release"),
-                       ("release_nofp", "cpython-release-nofp")):
-        built = os.path.join(ROOT, "build", tree, "python")
+    for name, built in (
+            ("release", "cpython-release/python"),
+            ("release_nofp", "cpython-release-nofp/python"),
+            ("packaged", "deb/root/usr/bin/python3.11")):
+        built = os.path.join(ROOT, "build", built)
         if getattr(args, name) is None and os.path.exists(built):
             setattr(args, name, built)
     args.filters = [f.strip() for f in args.filter.split(",") if f.strip()]

@@ -1,7 +1,8 @@
 #!/bin/bash
 # make bench: build the unpatched 3.11.2 baseline if needed, then run the
 # bench/ workloads on stock, ours (perf off and -X perf) and upstream
-# 3.12/3.13 when present, then memory per code object and the cost of fork
+# 3.12/3.13 when present, and the python3.11 of make deb's packages when
+# built (unpacked into build/deb/root), then memory per code object and the cost of fork
 # (bench/side_costs.py).  Prints the tables; writes build/bench/results.json.
 # Variables: BENCH_RUNS, BENCH_FILTER, BENCH_UPSTREAM (see bench/README.md).
 set -euo pipefail
@@ -10,6 +11,18 @@ PYTHON=$TREE/python
 [ -x "$PYTHON" ] || { echo "bench: $PYTHON is not built (run 'make')" >&2; exit 1; }
 
 "$ROOT/tools/bench-stock.sh" "$ROOT/build/cpython-stock"
+
+# make deb's interpreter runs from where dpkg-deb -x unpacks it: it finds
+# its standard library beside it (../lib/python3.11).
+shopt -s nullglob
+debs=("$ROOT"/build/deb/{python3.11-minimal,libpython3.11-minimal,libpython3.11-stdlib}_*.deb)
+shopt -u nullglob
+if [ ${#debs[@]} -eq 3 ]; then
+    rm -rf "$ROOT/build/deb/root"
+    for deb in "${debs[@]}"; do
+        dpkg-deb -x "$deb" "$ROOT/build/deb/root"
+    done
+fi
 
 # The driver is plain Python 3; any python3 will do, ours as a fallback.
 driver=$(command -v python3 || echo "$PYTHON")
