@@ -3,22 +3,15 @@
 # clean Debian 12 root, so that nothing installed on this machine by hand
 # can make them pass.
 #
-# - The root is debootstrap's minbase of bookworm, from the first Debian
-#   mirror of this machine's apt configuration.  The bare root is cached
-#   as a tarball in the user's cache directory (FRESH_REBUILD=1 makes it
-#   anew), so later runs unpack it in seconds.
-# - Inside it: the apt sources a Debian 12 install has (release, updates,
-#   security), then only the README's prerequisites (git, make,
-#   ca-certificates), this machine's network settings (apt proxy, local
-#   certificate authorities, npm's configuration), then a clone of this
-#   repository's committed HEAD
+# - The root is debootstrap's minbase of bookworm (tools/fresh-root.sh
+#   says how it is made, run in and removed).
+# - Inside it: only the README's prerequisites (git, make,
+#   ca-certificates), this machine's local certificate authorities and
+#   npm configuration, then a clone of this repository's committed HEAD
 #   (uncommitted changes are not part of the test), and upstream's perf
 #   test files from this machine's pyenv, if it has them.
 # - `make demo` and `make test` run in it through chroot with /proc, /sys
-#   and /dev mounted, as root, with a minimal environment (CI and
-#   PERF_TESTS_REQUIRED are passed on).
-# - On every exit path (failure, Ctrl-C, TERM) the processes left in the
-#   root are killed, its mounts unmounted and the root removed.
+#   and /dev mounted, as root.
 #
 # Prints both commands' exit statuses; ends with make test's closing line.
 # Needs root.  The root is build/fresh/root (FRESH_DIR), about 3 GB while
@@ -29,125 +22,19 @@ set -euo pipefail
 {
 . "$(dirname "$0")/lib.sh"
 
-SUITE=bookworm
 PREREQUISITES=(git make ca-certificates)
-ARCH=$(dpkg --print-architecture)
-BASE=$CACHE_DIR/debian-$SUITE-minbase-$ARCH.tar.gz
 WORK=$(realpath -m "${FRESH_DIR:-$ROOT/build/fresh}")
 CHROOT=$WORK/root
 SRC=/root/perf-trampolines
 
 say() { echo "test-fresh: $*" >&2; }
 die() { say "error: $*"; exit 1; }
+. "$ROOT/tools/fresh-root.sh"
 
-[ "$(id -u)" -eq 0 ] || die "needs root (debootstrap, chroot and mounts)"
-# /proc/self/mounts escapes white space: such a root could not be unmounted.
-[[ $CHROOT != *[[:space:]]* ]] || die "FRESH_DIR may not contain white space: $WORK"
-"$ROOT/tools/install-deps.sh" fresh
-
-mounts_under() {
-    awk -v root="$1" '$2 == root || index($2, root "/") == 1 { print $2 }' \
-        /proc/self/mounts | sort -r
-}
-
-# Kill what still runs in the root, unmount it, remove it.
-remove_root() {
-    local proc m
-    [ -d "$CHROOT" ] || return 0
-    # Processes left in the root (a test's child, a hung build) would keep
-    # its mounts busy.
-    for proc in /proc/[0-9]*; do
-        if [ "$(readlink "$proc/root" 2>/dev/null)" = "$CHROOT" ]; then
-            kill -9 "${proc#/proc/}" 2>/dev/null || true
-        fi
-    done
-    for m in $(mounts_under "$CHROOT"); do
-        # A slave first: if a signal came between --rbind and
-        # --make-rslave, unmounting a shared peer would unmount the
-        # host's own mounts under /sys or /dev.
-        mount --make-rslave "$m" 2>/dev/null || true
-        umount "$m" 2>/dev/null || umount -l "$m" || true
-    done
-    if [ -n "$(mounts_under "$CHROOT")" ]; then
-        say "error: still mounted under $CHROOT; not removing it:"
-        mounts_under "$CHROOT" >&2
-        return 1
-    fi
-    # --one-file-system: never descend into anything still mounted.
-    rm -rf --one-file-system "$CHROOT"
-}
-
-cleanup() {
-    local status=$?
-    # No second signal may interrupt the unmounting.
-    trap '' INT TERM
-    trap - EXIT
-    remove_root || status=1
-    exit $status
-}
-trap cleanup EXIT
-trap 'say "interrupted"; exit 130' INT
-trap 'say "terminated"; exit 143' TERM
-
-in_root() { chroot "$CHROOT" /usr/bin/env -i HOME=/root TERM="${TERM:-dumb}" \
-    PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
-    DEBIAN_FRONTEND=noninteractive LANG=C.UTF-8 \
-    ${CI:+CI=$CI} ${PERF_TESTS_REQUIRED:+PERF_TESTS_REQUIRED=$PERF_TESTS_REQUIRED} \
-    "$@"; }
-
-# (awk reads everything: an early exit would fail the pipeline)
-mirror=$(apt_mirrors | awk '!/security/ && !found++')
-security=$(apt_mirrors | awk '/security/ && !found++')
-[ -n "$mirror" ] || die "no Debian mirror in this machine's apt configuration"
-
-if [ -d "$CHROOT" ]; then
-    say "removing the root a previous run left in $CHROOT"
-    remove_root || die "cannot remove $CHROOT"
-fi
-mkdir -p "$CHROOT"
-
-if [ -f "$BASE" ] && [ -z "${FRESH_REBUILD:-}" ]; then
-    say "unpacking the cached $SUITE minbase root ($BASE)"
-    tar -xzpf "$BASE" -C "$CHROOT"
-else
-    say "debootstrap --variant=minbase $SUITE from $mirror (a few minutes)"
-    debootstrap --variant=minbase "$SUITE" "$CHROOT" "$mirror" \
-        >"$WORK/debootstrap.log" 2>&1 ||
-        { tail -20 "$WORK/debootstrap.log" >&2; die "debootstrap failed (log above)"; }
-    mkdir -p "$CACHE_DIR"
-    tar -czpf "$BASE.tmp.$$" -C "$CHROOT" . && mv "$BASE.tmp.$$" "$BASE"
-fi
-
-# What a Debian 12 installation from the same mirror has configured.
-{
-    printf 'Types: deb\nURIs: %s\nSuites: %s %s-updates\nComponents: main\n' \
-        "$mirror" "$SUITE" "$SUITE"
-    printf 'Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg\n'
-    if [ -n "$security" ]; then
-        printf '\nTypes: deb\nURIs: %s\nSuites: %s-security\nComponents: main\n' \
-            "$security" "$SUITE"
-        printf 'Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg\n'
-    fi
-} >"$CHROOT/etc/apt/sources.list.d/debian.sources"
-rm -f "$CHROOT/etc/apt/sources.list"
-cp /etc/resolv.conf "$CHROOT/etc/resolv.conf"
-# An apt proxy this machine needs, the root needs too.
-apt-config dump | grep -i '::proxy' >"$CHROOT/etc/apt/apt.conf.d/90proxy" || true
-
-# The root is a mount point, as / is on a real system (unshare's private
-# propagation, which the tests use, needs one).
-mount --bind "$CHROOT" "$CHROOT"
-mount --make-private "$CHROOT"
-mount -t proc proc "$CHROOT/proc"
-for m in sys dev; do
-    mount --rbind "/$m" "$CHROOT/$m"
-    mount --make-rslave "$CHROOT/$m"
-done
+make_root
 
 say "installing the README's prerequisites: ${PREREQUISITES[*]}"
-in_root apt-get update -qq >"$WORK/prerequisites.log" 2>&1 &&
-    in_root apt-get install -y -qq "${PREREQUISITES[@]}" >>"$WORK/prerequisites.log" 2>&1 ||
-    { tail -20 "$WORK/prerequisites.log" >&2; die "installing the prerequisites failed"; }
+root_install "$WORK/prerequisites.log" "${PREREQUISITES[@]}"
 # What reaching npm's registry takes on this machine's network, a machine
 # on it has too: the certificate authorities it adds to Debian's (a TLS
 # proxy's, say) and npm's configuration.
