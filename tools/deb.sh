@@ -8,6 +8,8 @@
 #   - debian/patches/perf-trampolines.diff, last in the quilt series: PATCH
 #     less configure, which debian/rules regenerates with autoconf (its
 #     stamp-patch); pyconfig.h.in stays in it, as Debian runs no autoheader;
+#     plus the flame graph template (tools/fetch-flamegraph.sh), which
+#     `python3 -m perf_trampoline record` draws with;
 #   - debian/rules: every build configured --with-frame-pointers=python (a
 #     frame record on each function of the Python call chain, so that
 #     `perf record -g` unwinds through the interpreter), and our own tests,
@@ -51,6 +53,18 @@ series_patch() {
         "Forwarded: not-needed" ""
     awk '/^diff --git / { started = 1; skip = ($3 == "a/configure") }
          started && !skip' "$patch"
+    new_file_diff "$FLAMEGRAPH_TEMPLATE" "$("$ROOT/tools/fetch-flamegraph.sh")"
+}
+
+# new_file_diff PATH FILE: a git diff creating PATH with FILE's lines (the
+# flame graph template, which the dist patch leaves out: the source
+# package carries what the packages install).
+new_file_diff() {
+    local lines
+    lines=$(wc -l <"$2")
+    printf 'diff --git a/%s b/%s\nnew file mode 100644\n--- /dev/null\n+++ b/%s\n@@ -0,0 +1,%d @@\n' \
+        "$1" "$1" "$1" "$lines"
+    sed 's/^/+/' "$2"
 }
 
 # changelog_entry VERSION: ours, dated as the repository's HEAD commit, so

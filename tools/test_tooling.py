@@ -563,6 +563,11 @@ class DebTests(ScratchTestCase):
         self.assertIn("_PyPerf_", self.read("Python/ceval.c"))
         self.assertTrue(os.path.isfile(os.path.join(
             self.tree, "Lib", "perf_trampoline", "__init__.py")))
+        with open(os.path.join(self.tree, "Lib", "perf_trampoline",
+                               "d3-flamegraph-base.html"), "rb") as f:
+            template = f.read()
+        self.assertEqual(hashlib.md5(template).hexdigest(),
+                         "143e0d06ba69b8370b9848dcd6ae3f36")
 
     def test_configure_is_left_to_debian_rules(self):
         # debian/rules runs autoconf; it runs no autoheader.
