@@ -112,7 +112,7 @@ fi
 dpkg_verify "after going back"
 
 echo
-echo "test-deb: $fails failed checks; $(( (SECONDS - started) / 60 )) min in a clean Debian 12 root"
+echo "test-deb: $fails failed checks; $((SECONDS - started)) s in a clean Debian 12 root"
 [ "$fails" -eq 0 ]
 exit
 }
