@@ -20,8 +20,8 @@ from typing import NamedTuple
 
 from perf_trampoline import _reports
 from test.test_perf_profiler.util import (
-    TIMEOUT, ProfilerFiles, needs_host, perf_record_works, record_samples,
-    skip_environment, tmp_files_lock, write_script)
+    TIMEOUT, ProfilerFiles, clean_env, needs_host, perf_record_works,
+    record_samples, skip_environment, tmp_files_lock, write_script)
 
 EXE = "/opt/python/bin/python3.11"
 LIBC = "/usr/lib/x86_64-linux-gnu/libc.so.6"
@@ -247,6 +247,19 @@ WORKLOAD = """\
     """
 
 
+# WORKLOAD as a service: "ready", then main() again and again until its
+# stdin is closed.
+SERVER = WORKLOAD.replace("    main()\n", """\
+    import sys, threading
+    done = threading.Event()
+    threading.Thread(target=lambda: (sys.stdin.read(), done.set()),
+                     daemon=True).start()
+    print("ready", flush=True)
+    while not done.is_set():
+        main()
+""")
+
+
 class Box(NamedTuple):
     """One frame d3-flame-graph drew: <g class="frame" name=...
     transform="translate(x,y)" width=...> (the root is at the bottom)."""
@@ -290,11 +303,9 @@ def perf_version(perf):
     return (int(match.group(1)), int(match.group(2))) if match else None
 
 
-@needs_host("perf")
-class RecordingReportTests(unittest.TestCase):
-    """The reports of one recording of WORKLOAD under -X perf, written
-    with perf (the one util records with) and with $PERF (make test's
-    newer perf, when it is another)."""
+class DrawingTestCase(unittest.TestCase):
+    """Recordings of WORKLOAD in a directory of the class, perf and
+    Chromium checked for, and the frames Chromium draws."""
 
     @classmethod
     def setUpClass(cls):
@@ -308,31 +319,12 @@ class RecordingReportTests(unittest.TestCase):
         cls.enterClassContext(tmp_files_lock())
         cls.tmpdir = os.path.realpath(tempfile.mkdtemp(prefix="perftest-"))
         cls.addClassCleanup(shutil.rmtree, cls.tmpdir, ignore_errors=True)
-        files = ProfilerFiles(markers=[cls.tmpdir])
-        cls.addClassCleanup(files.cleanup)
+        cls.files = ProfilerFiles(markers=[cls.tmpdir])
+        cls.addClassCleanup(cls.files.cleanup)
         cls.script = write_script(cls.tmpdir, WORKLOAD, "workload.py")
-        record, samples = record_samples(
-            [sys.executable, "-X", "perf", cls.script], cls.tmpdir)
-        if record.returncode != 0:
-            raise AssertionError(f"perf record failed: {record.stderr}")
-        if not any("handle_request" in sample.python_frames(cls.script)
-                   for sample in samples):
-            raise AssertionError("perf saw no py::handle_request frame")
-        cls.perfs = ["perf"]
-        other = os.environ.get("PERF")
-        if other and shutil.which(other) != shutil.which("perf"):
-            cls.perfs.append(other)
-        cls.reports = {}
-        for number, perf in enumerate(cls.perfs):
-            out = os.path.join(cls.tmpdir, f"reports-{number}")
-            cls.reports[perf] = dict(
-                (os.path.basename(path) if path else "gecko.json",
-                 (description, path))
-                for description, path in _reports.write_reports(
-                    perf, os.path.join(cls.tmpdir, "perf.data"), out))
 
-    def frame(self, function):
-        return f"py::{function}:{self.script}"
+    def frame(self, function, script=None):
+        return f"py::{function}:{script or self.script}"
 
     def draw(self, path):
         """The frames headless Chromium draws for the page at `path`,
@@ -357,6 +349,36 @@ class RecordingReportTests(unittest.TestCase):
         self.assertTrue(matching, f"{name} is not drawn; drawn: "
                         f"{sorted({box.name for box in boxes})}")
         return max(matching, key=lambda box: box.width)
+
+
+@needs_host("perf")
+class RecordingReportTests(DrawingTestCase):
+    """The reports of one recording of WORKLOAD under -X perf, written
+    with perf (the one util records with) and with $PERF (make test's
+    newer perf, when it is another)."""
+
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        record, samples = record_samples(
+            [sys.executable, "-X", "perf", cls.script], cls.tmpdir)
+        if record.returncode != 0:
+            raise AssertionError(f"perf record failed: {record.stderr}")
+        if not any("handle_request" in sample.python_frames(cls.script)
+                   for sample in samples):
+            raise AssertionError("perf saw no py::handle_request frame")
+        cls.perfs = ["perf"]
+        other = os.environ.get("PERF")
+        if other and shutil.which(other) != shutil.which("perf"):
+            cls.perfs.append(other)
+        cls.reports = {}
+        for number, perf in enumerate(cls.perfs):
+            out = os.path.join(cls.tmpdir, f"reports-{number}")
+            cls.reports[perf] = dict(
+                (os.path.basename(path) if path else "gecko.json",
+                 (description, path))
+                for description, path in _reports.write_reports(
+                    perf, os.path.join(cls.tmpdir, "perf.data"), out))
 
     def test_python_view_nests_callee_in_caller(self):
         for perf in self.perfs:
@@ -423,3 +445,46 @@ class RecordingReportTests(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+@needs_host("perf")
+class RecordToolReportTests(DrawingTestCase):
+    """python -m perf_trampoline record, of a command and of a running
+    process: the Python view it writes, drawn by Chromium, shows
+    handle_request called by serve."""
+
+    def record(self, out, *args):
+        proc = subprocess.run(
+            [sys.executable, "-I", "-m", "perf_trampoline", "record", "-o",
+             out, *args],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            env=clean_env(), timeout=TIMEOUT)
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        return proc.stdout.splitlines()
+
+    def check_python_view(self, printed, out, script):
+        path = os.path.join(out, "flamegraph-python.html")
+        self.assertIn(path, printed)
+        boxes = self.draw(path)
+        callee = self.widest(boxes, self.frame("handle_request", script))
+        self.assertEqual(parent(callee, boxes).name,
+                         self.frame("serve", script))
+
+    def test_command(self):
+        out = os.path.join(self.tmpdir, "command")
+        printed = self.record(out, "--", sys.executable, self.script)
+        self.check_python_view(printed, out, self.script)
+
+    def test_process(self):
+        server = write_script(self.tmpdir, SERVER, "server.py")
+        proc = subprocess.Popen([sys.executable, server],
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                text=True, env=clean_env())
+        self.addCleanup(proc.kill)
+        self.files.add_pid(proc.pid)
+        self.assertEqual(proc.stdout.readline(), "ready\n")
+        out = os.path.join(self.tmpdir, "process")
+        printed = self.record(out, "-p", str(proc.pid), "--seconds", "3")
+        proc.stdin.close()
+        self.assertEqual(proc.wait(timeout=TIMEOUT), 0)
+        self.check_python_view(printed, out, server)
