@@ -703,6 +703,10 @@ class MapFileTests(PerfTestCase):
         target = os.path.join(os.getcwd(), "target.txt")
         with open(target, "w") as f:
             f.write("precious\\n")
+        # Maps outlive their processes: one of a dead process that had
+        # our pid (pids wrap at pid_max) would make {make} fail.
+        if os.path.lexists(path):
+            os.unlink(path)
         {make}
         try:
             sys.activate_stack_trampoline("perf")
