@@ -20,8 +20,8 @@ from textwrap import dedent
 
 import perf_trampoline
 from test.test_perf_profiler.util import (
-    CHAIN, CHAIN_SOURCE, PerfTestCase, TIMEOUT, clean_env, jitdump_path,
-    map_written_since, needs_host, perf_record_works, read_map,
+    CHAIN, CHAIN_SOURCE, PerfTestCase, TIMEOUT, assert_refused, clean_env,
+    jitdump_path, map_written_since, needs_host, perf_record_works, read_map,
     record_samples, skip_environment, write_script)
 
 # The target: work() calls outer -> middle -> inner and now and then
@@ -347,12 +347,7 @@ class AttachErrorTests(AttachTestCase):
     target alone."""
 
     def assertRefused(self, result, message):
-        self.assertEqual(result.returncode, 2, result.stdout)
-        self.assertEqual(result.stdout, "")
-        self.assertTrue(result.stderr.startswith("perf_trampoline: "),
-                        result.stderr)
-        self.assertEqual(result.stderr.count("\n"), 1, result.stderr)
-        self.assertIn(message, result.stderr)
+        assert_refused(self, result, message)
 
     def test_no_such_process(self):
         done = subprocess.run(["true"])

@@ -19,8 +19,8 @@ import unittest
 
 from test.test_perf_profiler.test_attach import INNER_CHAIN, TARGET
 from test.test_perf_profiler.util import (
-    PerfTestCase, TIMEOUT, clean_env, needs_host, parse_perf_script,
-    perf_record_works, skip_environment, write_script)
+    PerfTestCase, TIMEOUT, assert_refused, clean_env, needs_host,
+    parse_perf_script, perf_record_works, skip_environment, write_script)
 
 # Calls top -> mid -> leaf, then exits with status argv[1]; a SIGINT is
 # answered with a line, after a pause perf's SIGTERM would cut short.
@@ -283,12 +283,7 @@ class RecordErrorTests(RecordTestCase):
         return path
 
     def assertRefused(self, result, message):
-        self.assertEqual(result.returncode, 2, result.stderr)
-        self.assertEqual(result.stdout, "")
-        self.assertTrue(result.stderr.startswith("perf_trampoline: "),
-                        result.stderr)
-        self.assertEqual(result.stderr.count("\n"), 1, result.stderr)
-        self.assertIn(message, result.stderr)
+        assert_refused(self, result, message)
         self.assertFalse(os.path.exists(self.out))
 
     def test_no_perf(self):

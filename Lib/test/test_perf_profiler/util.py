@@ -23,6 +23,7 @@ The API, in the order a test usually needs it:
   gdb or bpftrace on the interpreter, the host's extension modules): the
   run under qemu-user leaves it out.
 * CHAIN_SOURCE, CHAIN, CHAIN_RESULT: nested functions for targets.
+* assert_refused(): perf_trampoline refused its input in one line.
 * PYTHON_FRAME_RECORDS: the interpreter keeps frame records on the
   Python call chain only.
 * ProfilerFiles: the snapshot/cleanup logic PerfTestCase uses, for tests
@@ -90,6 +91,18 @@ def tests_required():
     prove the product works, not skip the proof."""
     return (os.environ.get("CI", "").lower() == "true"
             or os.environ.get("PERF_TESTS_REQUIRED") == "1")
+
+
+def assert_refused(test, result, message):
+    """`result` (a CompletedProcess of perf_trampoline) refused its input
+    as the tool refuses everything: exit status 2, nothing on stdout, one
+    line on stderr that names `message`."""
+    test.assertEqual(result.returncode, 2, result.stderr)
+    test.assertEqual(result.stdout, "")
+    test.assertTrue(result.stderr.startswith("perf_trampoline: "),
+                    result.stderr)
+    test.assertEqual(result.stderr.count("\n"), 1, result.stderr)
+    test.assertIn(message, result.stderr)
 
 
 def skip_environment(reason):
