@@ -63,7 +63,7 @@ AARCH64_TREE := build/cpython-aarch64
 
 .PHONY: all build deps deps-test deps-jit tree export dist install test test-fresh demo demo-jit nofp release release-nofp bench clean help
 .PHONY: deps-debian debian install-debian test-debian
-.PHONY: deps-aarch64 aarch64 test-aarch64 test-release deb test-deb
+.PHONY: deps-aarch64 aarch64 test-aarch64 test-release deb test-deb deb-fresh
 
 all: build
 
@@ -85,6 +85,7 @@ help:
 	@echo "make install-debian   install the Debian build for PREFIX, as altinstall does"
 	@echo "make test-release   the tests of make test (less the tooling's) on the release build"
 	@echo "make deb        Debian 12's python3.11 packages with ours, by Debian's rules, into build/deb/"
+	@echo "make deb-fresh  make deb in a clean Debian 12 root (debootstrap), its packages into build/deb/"
 	@echo "make test-deb   install build/deb/*.deb over Debian's in a clean Debian 12 root, check, go back"
 	@echo "make aarch64    cross-build $(AARCH64_TREE) for arm64 (runs under qemu-user)"
 	@echo "make test-aarch64   our tests with the arm64 build under qemu-user"
@@ -198,6 +199,10 @@ deb: dist
 
 test-deb:
 	@tools/test-deb.sh
+
+# make deb in a clean Debian 12 root; its packages land in build/deb/.
+deb-fresh:
+	@tools/test-fresh.sh deb
 
 # The README's two commands in a clean Debian 12 root (what CI runs).
 test-fresh:

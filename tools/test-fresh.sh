@@ -14,6 +14,10 @@
 #   and /dev mounted, as root.
 #
 # Prints both commands' exit statuses; ends with make test's closing line.
+#
+# `test-fresh.sh deb` (make deb-fresh) runs `make deb` there instead and
+# puts the packages it built into build/deb/, for make test-deb: packages
+# built on a machine with nothing but the README's prerequisites.
 # Needs root.  The root is build/fresh/root (FRESH_DIR), about 3 GB while
 # it runs; the logs stay in build/fresh/.
 set -euo pipefail
@@ -23,6 +27,8 @@ set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 
 PREREQUISITES=(git make ca-certificates)
+MODE=${1:-test}
+[[ $MODE == test || $MODE == deb ]] || { echo "usage: $0 [deb]" >&2; exit 2; }
 WORK=$(realpath -m "${FRESH_DIR:-$ROOT/build/fresh}")
 CHROOT=$WORK/root
 SRC=/root/perf-trampolines
@@ -66,6 +72,22 @@ done
 # only between commands, and `wait` is the one a signal cuts short, so
 # TERM or Ctrl-C cleans up at once (cleanup kills what runs in the root).
 started=$SECONDS
+if [ "$MODE" = deb ]; then
+    say "== make deb (in the fresh root) =="
+    set +e
+    (in_root make -C "$SRC" deb 2>&1 | tee "$WORK/deb.log"
+     exit "${PIPESTATUS[0]}") &
+    wait $!
+    deb_status=$?
+    set -e
+    echo "test-fresh: make deb exited $deb_status ($(( (SECONDS - started) / 60 )) min in a clean Debian 12 root)"
+    [ "$deb_status" -eq 0 ] || exit "$deb_status"
+    rm -f "$ROOT"/build/deb/*.deb
+    mkdir -p "$ROOT/build/deb"
+    cp "$CHROOT$SRC"/build/deb/*.deb "$ROOT/build/deb/"
+    echo "test-fresh: its packages are in $ROOT/build/deb/ (make test-deb checks them)"
+    exit 0
+fi
 say "== make demo (in the fresh root) =="
 set +e
 in_root make -C "$SRC" demo &
