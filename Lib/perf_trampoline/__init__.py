@@ -704,13 +704,23 @@ def _reason(error):
     return os.strerror(error)
 
 
-def _namespace_pid(pid):
-    """The target's pid in its own PID namespace (NSpid's last field)."""
-    data = _read_small(_proc(pid, "status")) or b""
-    for line in data.decode("ascii", "replace").splitlines():
+def _innermost_pid(status, pid):
+    """The pid of process `pid` in its own PID namespace: the last field
+    of NSpid in its /proc status text `status` (`pid` if there is none)."""
+    for line in status.splitlines():
         if line.startswith("NSpid:"):
             return int(line.split()[-1])
     return pid
+
+
+def _namespace_pid(pid):
+    data = _read_small(_proc(pid, "status")) or b""
+    return _innermost_pid(data.decode("ascii", "replace"), pid)
+
+
+def _warn(message):
+    """Print one of this tool's messages on stderr."""
+    print(f"perf_trampoline: {message}", file=sys.stderr)
 
 
 # ----------------------------------------------------------------------
@@ -807,11 +817,10 @@ def main(argv=None):
             for signum, handler in handlers.items():
                 signal.signal(signum, handler)
     except RemoteError as exc:
-        print(f"perf_trampoline: {exc}", file=sys.stderr)
+        _warn(exc)
         return 2
     except (_Interrupted, KeyboardInterrupt):
-        print(f"perf_trampoline: interrupted before anything was written "
-              f"to process {pid}", file=sys.stderr)
+        _warn(f"interrupted before anything was written to process {pid}")
         return 2
     if outcome.state == "withdrawn":
         print(f"process {pid}: request withdrawn ({outcome.doing}); it was "
@@ -823,9 +832,9 @@ def main(argv=None):
               f"('status {pid}' tells when it has)")
         return 1
     if outcome.error:
-        print(f"perf_trampoline: process {pid} could not switch perf "
-              f"trampolines {'off' if request == REQUESTS['off'] else 'on'}"
-              f": {_reason(outcome.error)}", file=sys.stderr)
+        switch = "off" if request == REQUESTS["off"] else "on"
+        _warn(f"process {pid} could not switch perf trampolines {switch}: "
+              f"{_reason(outcome.error)}")
         return 2
     backend = BACKENDS.get(outcome.active)
     print(_describe(pid, backend))

@@ -51,7 +51,8 @@ import stat
 import sys
 import time
 
-from perf_trampoline import RemoteError, _parse_stat
+from perf_trampoline import (RemoteError, _innermost_pid, _parse_stat,
+                             _warn)
 
 __all__ = ["NamespaceMaps", "MapsError", "save_maps_main"]
 
@@ -350,10 +351,6 @@ class _Process:
         return [path for path in paths if path]
 
 
-def _warn(message):
-    print(f"perf_trampoline: {message}", file=sys.stderr)
-
-
 class NamespaceMaps:
     """Copies of the perf maps of processes in other namespaces, where
     perf on the host looks for them once the processes have exited."""
@@ -413,11 +410,8 @@ class NamespaceMaps:
         if all((a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
                for a, b in zip(theirs, ours)):
             return None
-        nspid = pid
-        for line in status.splitlines():
-            if line.startswith("NSpid:"):
-                nspid = int(line.split()[-1])
-        return _Process(pid, proc_fd, nspid, started, self.warn)
+        return _Process(pid, proc_fd, _innermost_pid(status, pid), started,
+                        self.warn)
 
     def update(self):
         """Copy what the followed processes wrote since the last call."""

@@ -38,12 +38,13 @@ import re
 import selectors
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import time
 
 from perf_trampoline import (RemoteError, _alive, _namespaces, _reports,
-                             _stat_fields, attach, detach, status)
+                             _stat_fields, _warn, attach, detach, status)
 
 # perf inject --jit merges DWARF-unwound jitdump frames correctly from 6.8.
 PERF_JIT_MIN = (6, 8)
@@ -63,8 +64,8 @@ HELP = """\
 Writes DIR/perf.data (already injected with --jit) and the reports made
 from it, and prints their paths, one per line, on stdout.  DIR defaults to
 perf-record-YYYYmmdd-HHMMSS in the current directory; a DIR that holds a
-perf.data is refused unless --force.  perf's own messages are in
-DIR/perf-record.log.
+perf.data is refused unless --force, and so is one that another user
+could write in.  perf's own messages are in DIR/perf-record.log.
 
 COMMAND runs with PYTHONPERFSUPPORT=1 (--jit: PYTHON_PERF_JIT_SUPPORT=1),
 with the terminal's stdin, stdout and stderr; Ctrl-C reaches it as it would
@@ -512,9 +513,8 @@ def _record_pid(recorder, pid):
                 raise RecordError(str(exc)) from None
             switched = True
             if not done:
-                print(f"perf_trampoline: process {pid} has not switched yet "
-                      f"(blocked); it will when it next runs Python code",
-                      file=sys.stderr)
+                _warn(f"process {pid} has not switched yet (blocked); it "
+                      f"will when it next runs Python code")
         recorder.watch(pid)
         recorder.loop(pid=pid, seconds=recorder.args.seconds,
                       on_signal=lambda signum, from_terminal: True)
@@ -528,24 +528,54 @@ def _record_pid(recorder, pid):
                 else:
                     attach(pid, active)
             except RemoteError as exc:
-                print(f"perf_trampoline: could not switch process {pid} "
-                      f"back: {exc}", file=sys.stderr)
+                _warn(f"could not switch process {pid} back: {exc}")
     return samples
 
 
 # ----------------------------------------------------------------------
 # The command
 
+def _check_trusted(path, here):
+    """Refuse an output directory `path` that someone else could put a
+    file or link in: record writes there by name (as root, too).  It and
+    every directory above it, from `here` (`path` or the deepest of them
+    that exists) up, must belong to us or root and be writable by no one
+    else; a sticky directory above it, such as /tmp, protects what is ours
+    in it."""
+    uid, gid = os.geteuid(), os.getegid()
+    while True:
+        st = os.stat(here)
+        if st.st_uid not in (uid, 0):
+            raise RecordError(f"{path} is not safe to write in: {here} "
+                              f"belongs to another user (uid {st.st_uid})")
+        others = st.st_mode & (stat.S_IWOTH
+                               | (stat.S_IWGRP if st.st_gid != gid else 0))
+        if others and (here == path or not st.st_mode & stat.S_ISVTX):
+            raise RecordError(f"{path} is not safe to write in: others may "
+                              f"write in {here}")
+        if here == "/":
+            return
+        here = os.path.dirname(here)
+
+
 def _out_dir(args):
     path = args.output or time.strftime("perf-record-%Y%m%d-%H%M%S")
     if os.path.exists(os.path.join(path, "perf.data")) and not args.force:
         raise RecordError(f"{path} holds a perf.data already: name another "
                           f"directory with -o, or overwrite it with --force")
+    path = os.path.realpath(path)
     try:
-        os.makedirs(path, exist_ok=True)
+        # Nothing is created where it could not be kept.
+        existing = path
+        while not os.path.exists(existing):
+            existing = os.path.dirname(existing)
+        _check_trusted(path, existing)
+        os.makedirs(path, mode=0o755, exist_ok=True)
+        # Someone else's may have appeared meanwhile.
+        _check_trusted(path, path)
     except OSError as exc:
         raise RecordError(f"cannot create {path}: {exc.strerror}") from None
-    return os.path.abspath(path)
+    return path
 
 
 def _check_args(args):
@@ -574,7 +604,7 @@ def run(args):
             _status(args.pid)
         out_dir = _out_dir(args)
     except RecordError as exc:
-        print(f"perf_trampoline: {exc}", file=sys.stderr)
+        _warn(exc)
         return 2
     # Signals wait for the loop (sigtimedwait), which decides: nothing
     # may interrupt a switch of the target or its switching back.
@@ -593,7 +623,7 @@ def run(args):
         if args.jit and samples:
             inject(perf, recorder.recorded, recorder.data)
     except RecordError as exc:
-        print(f"perf_trampoline: {exc}", file=sys.stderr)
+        _warn(exc)
         return 2
     finally:
         recorder.stop()
@@ -610,32 +640,29 @@ def _report(recorder, perf, out_dir, command, samples, host_maps):
     if command:
         exit_code = os.waitstatus_to_exitcode(recorder.status)
         if exit_code < 0:
-            print(f"perf_trampoline: the command was killed by "
-                  f"{_signal_name(-exit_code)}", file=sys.stderr)
+            _warn(f"the command was killed by {_signal_name(-exit_code)}")
             exit_code = 128 - exit_code
         elif exit_code:
-            print(f"perf_trampoline: the command exited with status "
-                  f"{exit_code}", file=sys.stderr)
+            _warn(f"the command exited with status {exit_code}")
     paths = [recorder.data] if samples else []
     if samples:
         try:
             for what, path in _reports.write_reports(perf, recorder.data,
                                                      out_dir):
                 if path is None:
-                    print(f"perf_trampoline: {what}", file=sys.stderr)
+                    _warn(what)
                 else:
                     paths.append(path)
         except _reports.ReportError as exc:
-            print(f"perf_trampoline: no reports: {exc}", file=sys.stderr)
+            _warn(f"no reports: {exc}")
             exit_code = exit_code or 2
         except KeyboardInterrupt:
-            print(f"perf_trampoline: interrupted while writing the reports; "
-                  f"{recorder.data} is complete", file=sys.stderr)
+            _warn(f"interrupted while writing the reports; "
+                  f"{recorder.data} is complete")
             return 130
     else:
-        print("perf_trampoline: perf recorded no samples: no reports",
-              file=sys.stderr)
-    print(f"perf_trampoline: {samples} samples", file=sys.stderr)
+        _warn("perf recorded no samples: no reports")
+    _warn(f"{samples} samples")
     for path in paths + list(host_maps):
         print(path)
     return exit_code

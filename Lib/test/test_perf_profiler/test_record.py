@@ -355,6 +355,40 @@ class RecordErrorTests(RecordTestCase):
                          (2, "", f"perf_trampoline: cannot write {log}: Is "
                                  f"a directory\n"))
 
+    def test_output_directory_others_can_write(self):
+        # record writes there by name, as root too: someone who could
+        # put a link in it could have it write anywhere.
+        shared = os.path.join(self.tmpdir, "shared")
+        os.mkdir(shared)
+        os.chmod(shared, 0o777)
+        for out, message in (
+                (os.path.join(shared, "out"),
+                 f"others may write in {shared}"),
+                (shared, f"others may write in {shared}")):
+            with self.subTest(out=out):
+                result = self.tool("--perf", self.fake_perf, "-o", out,
+                                   "--", "true")
+                assert_refused(self, result, message)
+                self.assertEqual(os.listdir(shared), [])
+        # A sticky directory protects what is ours in it, not itself.
+        os.chmod(shared, 0o1777)
+        assert_refused(self, self.tool("--perf", self.fake_perf, "-o",
+                                       shared, "--", "true"),
+                       f"others may write in {shared}")
+
+    @unittest.skipUnless(os.geteuid() == 0, "needs root (chown)")
+    def test_output_directory_of_another_user(self):
+        theirs = os.path.join(self.tmpdir, "theirs")
+        os.mkdir(theirs, 0o755)
+        os.chown(theirs, 65534, 65534)
+        for out in (theirs, os.path.join(theirs, "out")):
+            with self.subTest(out=out):
+                result = self.tool("--perf", self.fake_perf, "-o", out,
+                                   "--", "true")
+                assert_refused(self, result, f"{theirs} belongs to another "
+                                             f"user (uid 65534)")
+                self.assertEqual(os.listdir(theirs), [])
+
     def test_existing_perf_data(self):
         os.mkdir(self.out)
         data = os.path.join(self.out, "perf.data")
