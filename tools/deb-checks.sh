@@ -135,5 +135,11 @@ check "python3 -m venv, and -X perf in the venv" \
              $work/venv/bin/python -m pip --version"
 check "python3 -m perf_trampoline --help (libpython3.11-stdlib has it)" \
     python3 -m perf_trampoline --help
+# The flame graph template comes with the package: record writes both
+# flame graphs offline.
+check "python3 -m perf_trampoline record: flame graphs of py::inner" \
+    bash -c "python3 -m perf_trampoline record -o $work/rec -- python3 $work/busy.py &&
+             grep -q py::inner $work/rec/flamegraph.html &&
+             grep -q py::inner $work/rec/flamegraph-python.html"
 rm -rf "$work" /tmp/perf-*.map
 exit $fails
