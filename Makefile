@@ -190,7 +190,7 @@ test-release: deps-test nofp release
 
 # make deb: Debian's python3.11 source package of its newest revision
 # with the dist patch in its quilt series, built by its own debian/rules
-# (dpkg-buildpackage -B: PGO and LTO, 94 minutes on 2 busy cores) into
+# (dpkg-buildpackage -B: PGO and LTO, 80 minutes on 2 shared cores) into
 # build/deb/ (tools/deb.sh).  Debian's DEB_BUILD_OPTIONS: nocheck skips
 # its test suite runs (the PGO training run stays).
 DEB_BUILD_OPTIONS ?= nocheck parallel=$(NPROC)
