@@ -68,16 +68,22 @@ for f in "$pyenv_root"/versions/3.1[23].*/lib/python3.1[23]/test/test_perf{_prof
     cp "$f" "$dest"
 done
 
-# Each command runs in the background and is waited for: bash runs a trap
-# only between commands, and `wait` is the one a signal cuts short, so
-# TERM or Ctrl-C cleans up at once (cleanup kills what runs in the root).
-started=$SECONDS
-if [ "$MODE" = deb ]; then
-    say "== make deb (in the fresh root) =="
-    set +e
-    (in_root make -C "$SRC" deb 2>&1 | tee "$WORK/deb.log"
+# make_in_root TARGET: make TARGET in the root, its output also in
+# $WORK/TARGET.log; returns make's status.  It runs in the background and
+# is waited for: bash runs a trap only between commands, and `wait` is the
+# one a signal cuts short, so TERM or Ctrl-C cleans up at once (cleanup
+# kills what runs in the root).
+make_in_root() {
+    say "== make $1 (in the fresh root) =="
+    (in_root make -C "$SRC" "$1" 2>&1 | tee "$WORK/$1.log"
      exit "${PIPESTATUS[0]}") &
     wait $!
+}
+
+started=$SECONDS
+set +e
+if [ "$MODE" = deb ]; then
+    make_in_root deb
     deb_status=$?
     set -e
     echo "test-fresh: make deb exited $deb_status ($(( (SECONDS - started) / 60 )) min in a clean Debian 12 root)"
@@ -88,16 +94,10 @@ if [ "$MODE" = deb ]; then
     echo "test-fresh: its packages are in $ROOT/build/deb/ (make test-deb checks them)"
     exit 0
 fi
-say "== make demo (in the fresh root) =="
-set +e
-in_root make -C "$SRC" demo &
-wait $!
+make_in_root demo
 demo_status=$?
 demo_minutes=$(( (SECONDS - started) / 60 ))
-say "== make test (in the fresh root) =="
-(in_root make -C "$SRC" test 2>&1 | tee "$WORK/test.log"
- exit "${PIPESTATUS[0]}") &
-wait $!
+make_in_root test
 test_status=$?
 set -e
 closing=$(grep -E '^[0-9]+ passed, [0-9]+ failed, [0-9]+ skipped$' "$WORK/test.log" |
