@@ -47,7 +47,10 @@
  * specialized call instructions while our hook is installed and calls the
  * callee's trampoline directly (_PyPerf_ForCall), falling back to its
  * ordinary inlined call when the thread's C stack budget is used up or
- * unknown, or no trampoline can be had.  Anything that fails
+ * unknown, or no trampoline can be had.  Nor do generators and coroutines
+ * resumed by FOR_ITER and SEND: the evaluator runs them through their
+ * trampolines itself, where stock 3.11 recurses through gen_send_ex2()
+ * (no stack budget needed: this takes less C stack).  Anything that fails
  * here falls back to _PyEval_EvalFrameDefault: the hook never raises and
  * never changes what the program does.
  *

@@ -1405,6 +1405,75 @@ class SemanticsTests(PerfTestCase):
         self.assertIn("gen caught boom\nafter-throw\n", out)
         self.assertIn("GeneratorExit seen\n", out)
 
+    def test_generators_resumed_by_the_evaluator(self):
+        # for and yield from resume generators, and await coroutines,
+        # through their trampolines from the evaluator; every state that
+        # gen_send_ex2() reports an error in takes the usual way.
+        out = self.assertSameOutput("""\
+            import asyncio, traceback
+
+            def numbers(n):
+                for i in range(n):
+                    yield i
+                return "done"
+
+            def relay(n):
+                result = yield from numbers(n)
+                print("relayed", result)
+                return result
+
+            def raises_stop():
+                yield 1
+                raise StopIteration("inside")
+
+            def reentrant():
+                yield from me
+
+            def report(what, body):
+                try:
+                    print(what, body())
+                except Exception:
+                    print(what, traceback.format_exc(limit=-1).rstrip())
+
+            print([x for x in relay(3)], list(relay(2)))
+            for _ in range(3):
+                print(sum(x for x in numbers(10)))
+            g = numbers(2)
+            print(list(g), list(g), [x for x in g])
+            report("stop", lambda: [x for x in raises_stop()])
+            me = reentrant()
+            report("reentrant", lambda: next(me))
+            me = reentrant()
+            report("reentrant for", lambda: [x for x in me])
+
+            async def leaf(i):
+                if i == 2:
+                    raise ValueError(i)
+                return i
+
+            async def reuse():
+                coro = leaf(1)
+                print("first", await coro)
+                print("second", await coro)
+
+            async def main():
+                for i in range(4):
+                    try:
+                        print("leaf", await leaf(i))
+                    except ValueError as exc:
+                        print("caught", repr(exc))
+                try:
+                    await reuse()
+                except RuntimeError as exc:
+                    print("reuse", exc)
+
+            asyncio.run(main())
+            """, mapped=["numbers", "relay", "leaf", "main"])
+        self.assertIn("relayed done\n", out)
+        self.assertIn("generator raised StopIteration", out)
+        self.assertEqual(out.count("generator already executing"), 2, out)
+        self.assertIn("reuse cannot reuse already awaited coroutine\n", out)
+
     def test_coroutines(self):
         out = self.assertSameOutput("""\
             import asyncio
@@ -2627,6 +2696,54 @@ class PerfRecordTests(PerfTestCase):
         self.assertChains(samples, path,
                           ["squares", "total", "<module>"],
                           between={0: "builtin_sum"})
+
+    def test_nested_generators_chain(self):
+        # for over a generator, yield from: the evaluator resumes each
+        # generator's frame through its trampoline itself, one evaluator
+        # frame between two generators as between two functions.
+        path, samples = self.record("""\
+            def leaf(n):
+                for i in range(n):
+                    s = 0
+                    for j in range(100):
+                        s += i * j
+                    yield s
+            def middle(n):
+                yield from leaf(n)
+            def top(n):
+                t = 0
+                for x in middle(n):
+                    t += x
+                return t
+            top(60000)
+            """, ["-X", "perf"])
+        self.assertChains(samples, path,
+                          ["leaf", "middle", "top", "<module>"])
+
+    def test_await_chain(self):
+        path, samples = self.record("""\
+            async def leaf(n):
+                s = 0
+                for i in range(n):
+                    s += i * i
+                return s
+            async def middle(n):
+                return await leaf(n)
+            async def top():
+                t = 0
+                for _ in range(25):
+                    t += await middle(150000)
+                return t
+            def run(coro):
+                try:
+                    coro.send(None)
+                except StopIteration as stop:
+                    return stop.value
+            run(top())
+            """, ["-X", "perf"])
+        self.assertChains(samples, path,
+                          ["leaf", "middle", "top", "run", "<module>"],
+                          between={2: "gen_send"})
 
     def test_specialized_calls_chain(self):
         # BINARY_SUBSCR_GETITEM, CALL_PY_WITH_DEFAULTS, a method call.
