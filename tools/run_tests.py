@@ -40,8 +40,10 @@ TREE = os.path.abspath(os.environ.get("TREE",
 # The upstream tests covering what we patch.
 REGRTESTS = ["test_sys", "test_cmd_line", "test_embed",
              "test_capi", "test_sysconfig", "test_threading", "test_os",
-             "test_generators", "test_exceptions", "test_sys_settrace",
-             "test_subprocess", "test_multiprocessing_fork"]
+             "test_generators", "test_yield_from", "test_coroutines",
+             "test_asyncgen", "test_types", "test_exceptions",
+             "test_sys_settrace", "test_subprocess",
+             "test_multiprocessing_fork"]
 
 # Then a large part of CPython's suite again with PYTHONPERFSUPPORT=1, so
 # that every interpreter the tests start runs with trampolines: the parts
@@ -53,6 +55,7 @@ REGRTESTS_UNDER_PERF = [
     "test_sys", "test_threading", "test_os", "test_subprocess",
     "test_generators", "test_exceptions", "test_sys_settrace", "test_code",
     "test_frame", "test_traceback", "test_coroutines", "test_asyncgen",
+    "test_yield_from", "test_types",
     "test_signal", "test_gc", "test_weakref", "test_dis", "test_pdb",
     "test_inspect", "test_functools", "test_contextlib", "test_scope",
     "test_call", "test_class", "test_descr", "test_faulthandler",
