@@ -442,17 +442,6 @@ trampoline_for_slow(PyInterpreterState *interp, PyCodeObject *co)
     return assign_trampoline(co, pi);
 }
 
-/* The trampoline of `co` in the main interpreter, if it has one already:
-   the case that must be fast. */
-static inline _PyPerf_Trampoline
-main_trampoline(PyInterpreterState *interp, PyCodeObject *co)
-{
-    if (interp->id != 0) {
-        return NULL;
-    }
-    return _PyPerf_Lookup(co, _PyPerf_core.main_index);
-}
-
 static Py_NO_INLINE PyObject *
 eval_frame_slow(PyThreadState *tstate, _PyInterpreterFrame *frame,
                 int throwflag)
@@ -472,7 +461,8 @@ PyObject *
 _PyPerf_EvalFrame(PyThreadState *tstate, _PyInterpreterFrame *frame,
                   int throwflag)
 {
-    _PyPerf_Trampoline t = main_trampoline(tstate->interp, frame->f_code);
+    _PyPerf_Trampoline t = _PyPerf_MainTrampoline(tstate->interp,
+                                                  frame->f_code);
     if (t == NULL) {
         return eval_frame_slow(tstate, frame, throwflag);
     }

@@ -236,6 +236,17 @@ _PyPerf_Lookup(PyCodeObject *co, Py_ssize_t index)
     return (_PyPerf_Trampoline)extra->ce_extras[index];
 }
 
+/* The trampoline of `co` in the main interpreter, if it has one already:
+   the case that must be fast. */
+static inline _PyPerf_Trampoline
+_PyPerf_MainTrampoline(PyInterpreterState *interp, PyCodeObject *co)
+{
+    if (interp->id != 0) {
+        return NULL;
+    }
+    return _PyPerf_Lookup(co, _PyPerf_core.main_index);
+}
+
 /* The trampoline a Python-to-Python call of `co` goes through, or NULL to
    inline the call as usual.  The common case, the main interpreter calling
    code that has a trampoline on a stack with room, takes no call (in a
@@ -256,10 +267,8 @@ _PyPerf_ForCall(PyThreadState *tstate, PyCodeObject *co)
 #else
     uintptr_t sp = (uintptr_t)__builtin_frame_address(0);
 #endif
-    if (sp >= _PyPerf_stack.limit && sp < _PyPerf_stack.high
-        && tstate->interp->id == 0)
-    {
-        _PyPerf_Trampoline t = _PyPerf_Lookup(co, _PyPerf_core.main_index);
+    if (sp >= _PyPerf_stack.limit && sp < _PyPerf_stack.high) {
+        _PyPerf_Trampoline t = _PyPerf_MainTrampoline(tstate->interp, co);
         if (t != NULL) {
             return t;
         }
