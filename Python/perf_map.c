@@ -513,9 +513,11 @@ static size_t
 append_name(char *buf, size_t pos, const char *name, size_t name_size)
 {
     static const char hex[] = "0123456789abcdef";
-    size_t total = 0;
-    for (size_t i = 0; i < name_size; i++) {
-        total += escaped_size((unsigned char)name[i]);
+    size_t total = name_size + 3 * _PyPerf_CountControls(
+        (const unsigned char *)name, name_size);
+    if (total == name_size && total <= _PyPerf_MAX_NAME) {
+        memcpy(buf + pos, name, name_size);
+        return pos + name_size;
     }
     int cut = (total > _PyPerf_MAX_NAME);
     size_t end = pos + (cut ? _PyPerf_MAX_NAME - 3 : total);

@@ -282,13 +282,18 @@ append_escaped(char *buf, size_t pos, size_t budget, PyObject *str)
     Py_ssize_t length = PyUnicode_GET_LENGTH(str);
     Py_ssize_t i = 0;
     if (PyUnicode_IS_ASCII(str)) {
-        /* The common case: copy the printable prefix in one go. */
+        /* The common case: copy the printable prefix in one go (the
+           whole string, or as much as the budget takes, for most). */
         const unsigned char *ascii = data;
         Py_ssize_t room = (Py_ssize_t)(end - pos) - 3;
-        while (i < length && i < room && ascii[i] >= 0x20
-               && ascii[i] != 0x7f)
-        {
-            i++;
+        Py_ssize_t n = Py_MAX(Py_MIN(length, room), 0);
+        if (_PyPerf_CountControls(ascii, (size_t)n) == 0) {
+            i = n;
+        }
+        else {
+            while (i < n && ascii[i] >= 0x20 && ascii[i] != 0x7f) {
+                i++;
+            }
         }
         memcpy(buf + pos, ascii, i);
         pos += i;

@@ -159,6 +159,20 @@ extern const _PyPerf_Backend _PyPerf_JitBackend;
 /* An upper bound on the length of a trampoline's name (no NUL). */
 #define _PyPerf_MAX_NAME 3200
 
+/* How many of the `size` bytes at `s` a map line must escape (ASCII
+   control characters and DEL, written as \xNN).  Almost every name has
+   none; with no early exit the compiler vectorizes the count, which is
+   what a new trampoline mostly spends on its name. */
+static inline size_t
+_PyPerf_CountControls(const unsigned char *s, size_t size)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < size; i++) {
+        n += (s[i] < 0x20) | (s[i] == 0x7f);
+    }
+    return n;
+}
+
 typedef enum {
     _PyPerf_ARENAS_UNTRIED,
     _PyPerf_ARENAS_OK,
