@@ -497,12 +497,11 @@ append_hex(char *buf, size_t pos, uintptr_t value)
     return pos;
 }
 
-/* Bytes that `ch` takes in a map line: ASCII control characters are
-   written as \xNN, so that an entry is always one line. */
+/* Bytes that `ch` takes in a map line. */
 static size_t
 escaped_size(unsigned char ch)
 {
-    return (ch < 0x20 || ch == 0x7f) ? 4 : 1;
+    return _PyPerf_IsControl(ch) ? 4 : 1;
 }
 
 /* Append an entry's name, escaped; a name longer than _PyPerf_MAX_NAME

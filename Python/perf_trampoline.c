@@ -291,7 +291,7 @@ append_escaped(char *buf, size_t pos, size_t budget, PyObject *str)
             i = n;
         }
         else {
-            while (i < n && ascii[i] >= 0x20 && ascii[i] != 0x7f) {
+            while (i < n && !_PyPerf_IsControl(ascii[i])) {
                 i++;
             }
         }

@@ -159,16 +159,23 @@ extern const _PyPerf_Backend _PyPerf_JitBackend;
 /* An upper bound on the length of a trampoline's name (no NUL). */
 #define _PyPerf_MAX_NAME 3200
 
-/* How many of the `size` bytes at `s` a map line must escape (ASCII
-   control characters and DEL, written as \xNN).  Almost every name has
-   none; with no early exit the compiler vectorizes the count, which is
-   what a new trampoline mostly spends on its name. */
+/* A byte a map line writes as \xNN (an ASCII control character or DEL),
+   so that an entry is always one line. */
+static inline int
+_PyPerf_IsControl(unsigned char ch)
+{
+    return (ch < 0x20) | (ch == 0x7f);
+}
+
+/* How many of the `size` bytes at `s` are such bytes.  Almost every name
+   has none; with no early exit the compiler vectorizes the count, which
+   is what a new trampoline mostly spends on its name. */
 static inline size_t
 _PyPerf_CountControls(const unsigned char *s, size_t size)
 {
     size_t n = 0;
     for (size_t i = 0; i < size; i++) {
-        n += (s[i] < 0x20) | (s[i] == 0x7f);
+        n += _PyPerf_IsControl(s[i]);
     }
     return n;
 }
