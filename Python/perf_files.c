@@ -16,20 +16,22 @@
  *   the image before the exec wrote are still needed.  A file older than
  *   the process was left by a dead one that had our pid: it is replaced,
  *   by unlinking it and creating a new one, never by truncating it,
- *   because a process in another pid namespace sharing /tmp may still
- *   have it mapped (a write to a mapping past the end of its file is a
- *   SIGBUS).  Such a live process is told apart by the lock (flock) that
- *   writers hold on their file until exit or exec.
+ *   because a live process in another pid namespace sharing /tmp may
+ *   still be writing it.  Such a process is told apart by the lock
+ *   (flock) that writers hold on their file until exit or exec.
  * - Its descriptor is close-on-exec and never 0, 1 or 2: a program that
  *   closed the standard descriptors expects its next open() to return
  *   them, and whatever it then writes to stdout must not land in a map.
  * - A program may close descriptors it did not open (a daemon closing them
  *   all) and get the same number back from its next open().  Writing
  *   through the old number would put our records into its file, so every
- *   use checks that the descriptor still refers to our file (device and
- *   inode), and reopens our file by name if the program closed it.
- * - A write cut short (a full disk) is undone, so the file only ever holds
- *   whole records: only this process writes to it.
+ *   use checks that the number still refers to our open file description
+ *   (it carries a tag, see DESCRIPTION_TAG), and reopens our file by name
+ *   if the program closed it.
+ * - Records are appended (O_APPEND), each with one write(), so they land
+ *   after whatever the file holds, even if another process cut it short.
+ *   A write cut short (a full disk) is never cut back, since others may
+ *   have written after it: the backend is told how much went in.
  *
  * Callers serialize the uses of each file: the GIL, and for the perf map
  * also its own lock (Python/perf_map.c), which C API callers without the
@@ -47,35 +49,32 @@
 #include <sys/file.h>             // flock()
 #include <sys/stat.h>             // fstat()
 #include <time.h>                 // clock_gettime()
-#include <unistd.h>               // write(), pread(), pwrite()
+#include <unistd.h>               // write(), pread(), lseek()
 
 /* Open flags of every profiler file: see the top of this file. */
 #define FILE_FLAGS (O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK)
+/* Read (an exec'd image looks at what the one before wrote), append. */
+#define FILE_ACCESS (O_RDWR | O_APPEND)
 
-/* Write all of `buf`: at `offset`, or at the descriptor's position if it
-   is -1. */
+/* Write all of `buf`: one write() unless the kernel takes less.  Returns
+   0, or -1 with errno set and *written the bytes that did go. */
 static int
-write_all_at(int fd, const void *buf, size_t size, off_t offset)
+write_all(int fd, const void *buf, size_t size, size_t *written)
 {
     const char *p = buf;
-    while (size > 0) {
-        ssize_t n = (offset < 0 ? write(fd, p, size)
-                                : pwrite(fd, p, size, offset));
-        if (n < 0) {
-            if (errno == EINTR) {
-                continue;
+    *written = 0;
+    while (*written < size) {
+        ssize_t n = write(fd, p + *written, size - *written);
+        if (n < 0 && errno == EINTR) {
+            continue;
+        }
+        if (n <= 0) {
+            if (n == 0) {
+                errno = ENOSPC;
             }
             return -1;
         }
-        if (n == 0) {
-            errno = ENOSPC;
-            return -1;
-        }
-        p += n;
-        size -= (size_t)n;
-        if (offset >= 0) {
-            offset += n;
-        }
+        *written += (size_t)n;
     }
     return 0;
 }
@@ -93,7 +92,8 @@ _PyPerf_Warn(const char *format, ...)
     va_end(vargs);
     n = (m < 0) ? n : Py_MIN(n + m, (int)sizeof(line) - 2);
     line[n++] = '\n';
-    (void)write_all_at(STDERR_FILENO, line, n, -1);
+    size_t written;
+    (void)write_all(STDERR_FILENO, line, n, &written);
 }
 
 void
@@ -102,6 +102,18 @@ _PyPerf_CloseKeepErrno(int fd)
     int saved = errno;
     close(fd);
     errno = saved;
+}
+
+/* The tag of our open file descriptions: a signal number set with
+   F_SETSIG, which the kernel would send only for O_ASYNC, never set on
+   them.  Every description starts with 0, so a descriptor whose
+   description has the tag is one we opened (or a dup of it). */
+#define DESCRIPTION_TAG 62
+
+static int
+tag_description(int fd)
+{
+    return fcntl(fd, F_SETSIG, DESCRIPTION_TAG) == 0;
 }
 
 /* open() whose result is never a standard descriptor (0, 1, 2). */
@@ -233,10 +245,8 @@ error:
 int
 _PyPerf_FileOpen(_PyPerf_File *file, const char *path, int flags)
 {
-    int access = O_RDWR | ((flags & _PyPerf_FILE_MAPPABLE) ? 0 : O_APPEND);
-    file->access = access;
     struct stat st;
-    int fd = open_checked(path, access, 0, &st);
+    int fd = open_checked(path, FILE_ACCESS, 0, &st);
     if (fd < 0) {
         return -1;
     }
@@ -252,13 +262,14 @@ _PyPerf_FileOpen(_PyPerf_File *file, const char *path, int flags)
         if (unlink(path) < 0 && errno != ENOENT) {
             return -1;
         }
-        fd = open_checked(path, access, 1, &st);
+        fd = open_checked(path, FILE_ACCESS, 1, &st);
         if (fd < 0) {
             return -1;
         }
         (void)flock(fd, LOCK_EX | LOCK_NB);
     }
     file->fd = fd;
+    file->tagged = tag_description(fd);
     file->dev = st.st_dev;
     file->ino = st.st_ino;
     file->size = st.st_size;
@@ -274,16 +285,21 @@ is_our_file(int fd, const _PyPerf_File *file)
             && st.st_ino == file->ino);
 }
 
-/* Is `fd` still the descriptor we opened on our file?  A program that
-   closed it may have opened the same file itself and got the same number
-   back (reading it, say): its flags tell them apart. */
+/* Is `fd` still the descriptor we opened on our file?  Asked before every
+   write.  With the tag, one system call: only our open file description
+   has it.  Without, two: the file (fstat), and the flags (F_GETFL), since
+   a program that closed ours may have opened the same file itself and
+   got the same number back. */
 static int
 is_our_descriptor(int fd, const _PyPerf_File *file)
 {
+    if (file->tagged) {
+        return fcntl(fd, F_GETSIG) == DESCRIPTION_TAG;
+    }
     int flags = fcntl(fd, F_GETFL);
     return (flags >= 0
             && (flags & (O_ACCMODE | O_APPEND | O_NONBLOCK))
-               == (file->access | O_NONBLOCK)
+               == (FILE_ACCESS | O_NONBLOCK)
             && is_our_file(fd, file));
 }
 
@@ -316,37 +332,41 @@ check_file(_PyPerf_File *file)
         errno = EBADF;
         return -1;
     }
-    int fd = open_ours(file->path, file->access | FILE_FLAGS, file);
+    int fd = open_ours(file->path, FILE_ACCESS | FILE_FLAGS, file);
     if (fd < 0) {
         return -1;
     }
     (void)flock(fd, LOCK_EX | LOCK_NB);     /* the old descriptor's went */
     file->fd = fd;
+    file->tagged = tag_description(fd);
     return 0;
 }
 
 int
-_PyPerf_FileAppend(_PyPerf_File *file, const void *buf, size_t size)
+_PyPerf_FileAppend(_PyPerf_File *file, const void *buf, size_t size,
+                   size_t *written)
 {
+    *written = 0;
     if (check_file(file) < 0) {
         return -1;
     }
-    /* At the end of the records: an O_APPEND descriptor ignores the
-       offset (Linux), others may have more after it (perf_map.c). */
-    if (write_all_at(file->fd, buf, size, file->size) < 0) {
-        int saved = errno;
-        /* Undo the partial write (see the top).  Should that fail too,
-           the write's error is still the one to report.  (The result is
-           tested, not cast to void: glibc's warn_unused_result, on with
-           _FORTIFY_SOURCE as Debian builds, ignores such casts.) */
-        if (ftruncate(file->fd, file->size) < 0) {
-            /* nothing more to undo with */
+    int res = write_all(file->fd, buf, size, written);
+    file->size += (off_t)*written;
+    return res;
+}
+
+/* Before a fork: file->size becomes the end of our last write (the
+   descriptor's offset), the bytes a child copies.  The parent may write
+   more after the fork, and others may have cut the file short. */
+void
+_PyPerf_FileMarkEnd(_PyPerf_File *file)
+{
+    if (file->fd >= 0 && is_our_descriptor(file->fd, file)) {
+        off_t end = lseek(file->fd, 0, SEEK_CUR);
+        if (end >= 0) {
+            file->size = end;
         }
-        errno = saved;
-        return -1;
     }
-    file->size += (off_t)size;
-    return 0;
 }
 
 /* A read-only descriptor of our file (e.g. to map it, or to copy it in a

@@ -174,6 +174,7 @@ static struct {
     size_t unwind_size;
     size_t eh_frame_hdr_size;
     _PyPerf_File file;          /* /tmp/jit-<pid>.dump */
+    int torn;                   /* it ends in a record cut short */
     void *marker;               /* the file's first page, mapped PROT_EXEC */
     size_t marker_size;
     uint64_t code_index;        /* of the next code load */
@@ -240,6 +241,22 @@ init_unwind_info(void)
  * The file
  */
 
+/* Append whole records.  A write that fails part way leaves a record cut
+   short, never cut back (see perf_files.c): it would hide every record
+   after it from perf inject, so none are written after it. */
+static int
+append(const void *records, size_t size)
+{
+    if (jitdump.torn) {
+        errno = EIO;
+        return -1;
+    }
+    size_t written;
+    int res = _PyPerf_FileAppend(&jitdump.file, records, size, &written);
+    jitdump.torn = (res < 0 && written > 0);
+    return res;
+}
+
 /* Map the file's first page executable: perf record logs the mmap, and
    that event is how perf inject finds the dump.  A read-only descriptor
    is all the mapping needs. */
@@ -275,7 +292,10 @@ unmap_marker(void)
    an exec (jitdump.file.size is the file's size on entry), cut off what
    follows (a pair of records the image before was writing when it went),
    and number the next code loads after every index used before.  Returns
-   0, or -1 with errno set (EINVAL: not a dump of this process's). */
+   0, or -1 with errno set (EINVAL: not a dump of this process's).
+   Cutting back is right here, unlike in the perf map: the header says this
+   process wrote the file, and a record cut short would hide every record
+   after it from perf inject. */
 static int
 adopt_records(void)
 {
@@ -353,6 +373,7 @@ open_dump(char *path, size_t path_size)
     if (_PyPerf_FileOpen(&jitdump.file, path, _PyPerf_FILE_KEEP) < 0) {
         return -1;
     }
+    jitdump.torn = 0;
     if (jitdump.file.size > 0 && adopt_records() < 0) {
         _PyPerf_FileForget(&jitdump.file);
         if (_PyPerf_FileOpen(&jitdump.file, path, 0) < 0) {
@@ -368,8 +389,7 @@ open_dump(char *path, size_t path_size)
             .pid = (uint32_t)getpid(),
             .timestamp = monotonic_ns(),
         };
-        if (_PyPerf_FileAppend(&jitdump.file, &header,
-                               sizeof(header)) < 0)
+        if (append(&header, sizeof(header)) < 0)
         {
             _PyPerf_FileForget(&jitdump.file);
             return -1;
@@ -459,7 +479,7 @@ copy_parent_records(const _PyPerf_File *parent, off_t end)
             res = -1;
             break;
         }
-        if (_PyPerf_FileAppend(&jitdump.file, buf, pos) < 0) {
+        if (append(buf, pos) < 0) {
             res = -1;
             break;
         }
@@ -498,7 +518,8 @@ jit_write_entry(const void *code, size_t code_size,
     if (open_dump(path, sizeof(path)) < 0) {
         return -1;
     }
-    /* Both records in one buffer and one _PyPerf_FileAppend(), so they are
+
+    /* Both records in one buffer and one append(), so they are
        written or undone together: perf applies the unwinding record to the
        code load after it. */
     char *buf = jitdump.record;
@@ -551,7 +572,7 @@ jit_write_entry(const void *code, size_t code_size,
     p += code_size;
     size_t size = (size_t)(p - buf);
     assert(size <= sizeof(jitdump.record));
-    if (_PyPerf_FileAppend(&jitdump.file, buf, size) < 0) {
+    if (append(buf, size) < 0) {
         return -1;
     }
     jitdump.code_index++;

@@ -318,25 +318,25 @@ extern void _PyPerf_CloseKeepErrno(int fd);
    file it was opened on, and the bytes of whole records in it. */
 typedef struct {
     int fd;                     /* -1: not open */
-    int access;                 /* open() flags to open it again with */
+    int tagged;                 /* its description is tagged (perf_files.c) */
     dev_t dev;
     ino_t ino;
-    off_t size;
+    off_t size;                 /* bytes at open, plus those appended */
     char path[64];
 } _PyPerf_File;
 
-/* _PyPerf_FileOpen() flags.  KEEP: keep what this process wrote before an
-   exec (file->size is then the file's size, for the caller to check);
-   otherwise start empty.  MAPPABLE: not append-only, so that it can be
-   mapped shared. */
+/* _PyPerf_FileOpen() flag: keep what this process wrote before an exec
+   (file->size is then the file's size, for the caller to check);
+   otherwise start empty. */
 #define _PyPerf_FILE_KEEP 1
-#define _PyPerf_FILE_MAPPABLE 2
 
 extern int _PyPerf_FileOpen(_PyPerf_File *file, const char *path,
                             int flags);
-/* Write at file->size (an append-only descriptor appends). */
+/* Append with one write() (the descriptor is O_APPEND).  *written is
+   what went in, also when it fails part way: that is never cut back. */
 extern int _PyPerf_FileAppend(_PyPerf_File *file, const void *buf,
-                              size_t size);
+                              size_t size, size_t *written);
+extern void _PyPerf_FileMarkEnd(_PyPerf_File *file);
 extern int _PyPerf_FileOpenReadOnly(const _PyPerf_File *file);
 extern int _PyPerf_FileDetach(_PyPerf_File *file, _PyPerf_File *parent);
 extern void _PyPerf_FileForget(_PyPerf_File *file);
@@ -345,7 +345,7 @@ extern int _PyPerf_FileReopen(_PyPerf_File *file);
 /* Files of lines (the perf map): whole lines, many at a time, each batch
    ending with a newline, are passed to a function that returns 0 to go
    on. */
-typedef int (*_PyPerf_LinesFunc)(const char *lines, size_t size, void *arg);
+typedef int (*_PyPerf_LinesFunc)(char *lines, size_t size, void *arg);
 extern int _PyPerf_ReadLines(const _PyPerf_File *from, off_t size,
                              _PyPerf_LinesFunc each, void *arg);
 extern int _PyPerf_ReadLinesOf(const char *path, const _PyPerf_File *not_this,

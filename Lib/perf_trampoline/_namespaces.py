@@ -21,10 +21,10 @@ after it exited, even once its private /tmp is gone.  Every lookup below
 later is never read), no symlink is followed on the way to the file,
 and only a regular file is opened for reading.
 
-Only whole lines are copied.  The interpreter writes its map through a
-shared mapping: while it runs, the file may end in NULs, and a line's
-first byte is stored last, so the copy stops at the first NUL.  A copy
-stops at MAX_COPY bytes.
+Only whole lines are copied: the interpreter appends each line with one
+write, and a line is whole once its newline is there.  A NUL is in no
+map line (the interpreter writes none): a copy stops at the first, and
+at MAX_COPY bytes.
 
 Jitdumps (-X perf_jit) are copied to /tmp/jit-<pid>.dump only for a
 process in our PID namespace (a private /tmp, as systemd's PrivateTmp).
@@ -76,7 +76,7 @@ class MapsError(RemoteError):
 
 def _whole_lines(data, done):
     """Bytes of `data` (the file from offset `done`) that are whole map
-    lines: up to the last newline before the first NUL."""
+    lines: up to the last newline (before a NUL, if there is one)."""
     nul = data.find(b"\0")
     if nul >= 0:
         data = data[:nul]

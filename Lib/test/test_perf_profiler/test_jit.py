@@ -894,6 +894,25 @@ class JitdumpTests(UnwindCheck, JitTestCase):
     # qemu-user reports a new start time after an exec (its own), which
     # makes the dump look older than the process.
     @needs_host("the kernel's process start time across exec")
+    def test_truncated_dump(self):
+        # Another writer empties the dump (the file is never mapped
+        # writable: nothing faults).  The process goes on; records made
+        # after it land after the truncation, and only a dump that still
+        # starts with its header is one perf inject can read.
+        source = script("""\
+            print(os.getpid())
+            top(10, 2)
+            fd = os.open(f"/tmp/jit-{os.getpid()}.dump", os.O_WRONLY | os.O_TRUNC)
+            def after_truncation():
+                return 1
+            after_truncation()
+            os.close(fd)
+            print(os.path.getsize(f"/tmp/jit-{os.getpid()}.dump") > 0)
+            print("survived")
+        """)
+        pid, lines = self.run_nofp(source, "-X", "perf_jit")
+        self.assertEqual(lines, ["True", "survived"])
+
     def test_exec_keeps_the_dump(self):
         # A launcher that execs another interpreter with the same pid: the
         # dump keeps the image before's records, the new image's follow

@@ -66,14 +66,14 @@ def read_map_lines(pid):
     """Return the lines of the map of `pid` as bytes, checking that the
     file ends with a newline and that every line is "START SIZE py::NAME"
     with START and SIZE of plausible width (a glued, half-written line has
-    too many digits).  The NULs after the last line of a running or
-    killed process's map are left out."""
+    too many digits), and that it holds no NUL.  A last line without its
+    newline, one a running process is writing, is left out, as readers
+    do."""
     with open(map_path(pid), "rb") as f:
         data = f.read()
+    if b"\0" in data:
+        raise ValueError(f"NUL in the map of {pid} at {data.index(0)}")
     *lines, rest = data.split(b"\n")
-    if rest and not rest.startswith(b"\0"):
-        raise ValueError(f"map of {pid} ends in a partial line: "
-                         f"{rest[:100]!r}")
     for number, line in enumerate(lines, 1):
         match = MAP_LINE.fullmatch(line)
         if (match is None or len(match.group(1)) > 16
@@ -699,13 +699,10 @@ class ForkTests(StressTestCase):
         while (common < len(lines) and common < len(parent_lines)
                and lines[common] == parent_lines[common]):
             common += 1
-        # The parent read its map while its threads wrote to it: a read of
-        # many pages is not made at one instant, so it may lack lines
-        # between those it holds, and it ends in a line being written or
-        # the NULs after the last line (both start with NUL).  Every whole
-        # line in it was written before the fork.
-        before = [line for line in prefix.split(b"\n")[:-1]
-                  if line and not line.startswith(b"\0")]
+        # The parent read its map while its threads wrote to it, so it may
+        # end in the start of a line being written.  Every whole line in
+        # it was written before the fork.
+        before = [line for line in prefix.split(b"\n")[:-1] if line]
         self.assertLessEqual(set(before), set(lines[:common]),
                              f"map of child {child_pid} lacks parent entries")
         own = parse_lines(lines[common:])
@@ -1465,12 +1462,18 @@ class MapFaultTests(StressTestCase):
         *lines, rest = data.split(b"\\n")
         bad = [line for line in lines if not re.fullmatch(
             rb"[0-9a-f]{1,16} [0-9a-f]{1,8} py::.*", line)]
-        print("map", rest.strip(b"\\0") == b"", len(bad), bad[:1])
+        # The start of a line that did not fit, or nothing.
+        unfinished = re.fullmatch(
+            rb"([0-9a-f]{1,16}( ([0-9a-f]{1,8}( py::.*)?)?)?)?", rest)
+        print("map", rest == b"", unfinished is not None, b"\\0" in data,
+              len(bad), bad[:1])
         """
 
     def test_full_tmp(self):
         # The map fills a 64 KiB /tmp: the program goes on unchanged, the
-        # user is told once, and the map holds whole lines only.
+        # user is told once, and the map holds whole lines, and perhaps
+        # the start of the line that did not fit (never cut back: others
+        # may write the file too).
         source = workload(3000)
         plain = self.run_script(source)
         result = self.run_in_private_tmp(
@@ -1478,12 +1481,12 @@ class MapFaultTests(StressTestCase):
         self.assertEqual(result.returncode, 0, result.stderr)
         lines = result.stdout.splitlines()
         self.assertEqual(lines[:-1], plain.stdout.splitlines())
-        self.assertEqual(lines[-1], "map True 0 []")
+        self.assertRegex(lines[-1], r"^map (True|False) True False 0 \[\]$")
         only_warning(self, result.stderr, "No space left on device")
 
     def test_full_tmp_then_space_again(self):
         # After a failed write, space comes back and writing resumes: the
-        # new lines must not be glued to a half-written one.
+        # line cut short is finished first, and the new lines follow it.
         source = textwrap.dedent("""
             import os
             with open("/tmp/filler", "wb") as f:
@@ -1502,7 +1505,7 @@ class MapFaultTests(StressTestCase):
         result = self.run_in_private_tmp("true", source, *PERF)
         self.assertEqual(result.returncode, 0, result.stderr)
         self.assertEqual(result.stdout.splitlines(),
-                         ["499500", "190", "map True 0 []"])
+                         ["499500", "190", "map True True False 0 []"])
         only_warning(self, result.stderr, "No space left on device")
 
     # Daemons close every descriptor they did not open (python-daemon,
@@ -1642,9 +1645,8 @@ class MapFaultTests(StressTestCase):
     # would not fit).
     @util.needs_host("RLIMIT_AS applied by the kernel")
     def test_no_address_space_for_the_map(self):
-        # RLIMIT_AS leaves no room to map the file: the lines are written
-        # with a system call each, after the whole lines (no NULs left
-        # in the file), and nothing is said.
+        # RLIMIT_AS leaves little address space: the map needs none, its
+        # lines are written, and nothing is said.
         result = self.run_script("""
             import os, re, resource, sys
 

@@ -204,19 +204,17 @@ def jitdump_path(pid):
 def parse_map(text):
     """Parse the text of a perf map into a list of MapEntry, in file order.
 
-    A running or killed process's map ends in NULs after its last line
-    (Python/perf_map.c), and a line still starting with NUL is one being
-    written: both are left out, as readers do.  Raises ValueError naming
-    the first other line that is not exactly "<hex> <hex> py::<name>"
-    with its newline (lines are written whole).
+    Lines are appended whole, each with one write (Python/perf_map.c): a
+    reader that copies a running process's map may catch the last one
+    being written, without its newline yet, and leaves it out, as readers
+    do.  Raises ValueError on a NUL byte anywhere, and naming the first
+    other line that is not exactly "<hex> <hex> py::<name>".
     """
+    if "\0" in text:
+        raise ValueError(f"NUL in the perf map at {text.index(chr(0))}")
     *lines, rest = text.split("\n")
-    if rest and not rest.startswith("\0"):
-        raise ValueError(f"perf map ends in a partial line: {rest[:80]!r}")
     entries = []
     for number, line in enumerate(lines, 1):
-        if line.startswith("\0"):
-            continue
         match = MAP_LINE_RE.match(line)
         if match is None:
             raise ValueError(f"malformed perf map line {number}: {line!r}")
