@@ -57,6 +57,15 @@ COMMAND = """\
     """
 
 CHAIN = ["leaf", "mid", "top"]
+
+# Run as another user: a symbolic link to argv[1] at each of argv[2:].
+PLANT_LINKS = """\
+import os, sys
+for path in sys.argv[2:]:
+    os.symlink(sys.argv[1], path)
+"""
+NOBODY = 65534
+DEFAULT_NAME = "perf-record-%Y%m%d-%H%M%S"
 # The -p tests record test_attach's target, mode "busy".
 # What record writes with any perf, in the order it prints them (a perf
 # with the gecko script adds gecko.json).
@@ -85,13 +94,14 @@ class RecordTestCase(PerfTestCase):
                                                            "debug"))
         self.addCleanup(self.remove_jitted)
 
-    def tool(self, *args, timeout=TIMEOUT, **kwargs):
-        """python -I -m perf_trampoline record ARGS, CompletedProcess."""
+    def tool(self, *args, timeout=TIMEOUT, cwd=None, **kwargs):
+        """python -I -m perf_trampoline record ARGS, CompletedProcess;
+        run in `cwd` (default self.tmpdir)."""
         return subprocess.run(
             [sys.executable, "-I", "-m", "perf_trampoline", "record",
              *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            text=True, env=self.env, cwd=self.tmpdir, timeout=timeout,
-            **kwargs)
+            text=True, env=self.env, cwd=cwd or self.tmpdir,
+            timeout=timeout, **kwargs)
 
     def command(self, status=0, rounds=100, forever=False):
         path = write_script(self.tmpdir, COMMAND, "command.py")
@@ -388,6 +398,62 @@ class RecordErrorTests(RecordTestCase):
                 assert_refused(self, result, f"{theirs} belongs to another "
                                              f"user (uid 65534)")
                 self.assertEqual(os.listdir(theirs), [])
+
+    def sticky_dir(self):
+        """A directory like /tmp (root's, sticky, writable by all) in
+        self.tmpdir, and a directory of ours beside it."""
+        os.chmod(self.tmpdir, 0o755)        # others may pass through
+        sticky = os.path.join(self.tmpdir, "sticky")
+        os.mkdir(sticky)
+        os.chmod(sticky, 0o1777)
+        ours = os.path.join(self.tmpdir, "ours")
+        os.mkdir(ours, 0o755)
+        return sticky, ours
+
+    def plant_links(self, target, paths):
+        """Links to `target` at `paths`, put there by user nobody."""
+        subprocess.run([sys.executable, "-I", "-S", "-c", PLANT_LINKS,
+                        target, *paths], user=NOBODY, group=NOBODY,
+                       extra_groups=[], check=True, timeout=TIMEOUT)
+        for path in paths:
+            self.assertEqual(os.lstat(path).st_uid, NOBODY)
+
+    @unittest.skipUnless(os.geteuid() == 0, "needs root (to be nobody)")
+    def test_link_planted_by_another_user(self):
+        # nobody: ln -s /root/somedir /tmp/out; root: record -o /tmp/out.
+        # The link leads to a directory root may write in: only who put
+        # it there tells that it is not root's choice.
+        sticky, ours = self.sticky_dir()
+        link = os.path.join(sticky, "out")
+        self.plant_links(ours, [link])
+        for out in (link, os.path.join(link, "below")):
+            with self.subTest(out=out):
+                result = self.tool("--perf", self.fake_perf, "-o", out,
+                                   "--", "true")
+                assert_refused(self, result, f"{link} is a symbolic link")
+                self.assertIn("choose a directory that only you can write "
+                              "in", result.stderr)
+                self.assertEqual(os.listdir(ours), [])
+                self.assertEqual(os.listdir(sticky), ["out"])
+
+    @unittest.skipUnless(os.geteuid() == 0, "needs root (to be nobody)")
+    def test_default_name_planted_by_another_user(self):
+        # The default name is the time: anyone can put links at the
+        # names of the coming minutes in /tmp, where root runs record.
+        sticky, ours = self.sticky_dir()
+        now = time.time()
+        names = {time.strftime(DEFAULT_NAME, time.localtime(now + seconds))
+                 for seconds in range(-1, 2 * int(TIMEOUT))}
+        self.plant_links(ours, [os.path.join(sticky, name)
+                                for name in names])
+        result = self.tool("--perf", self.fake_perf, "--", "true",
+                           cwd=sticky)
+        assert_refused(self, result, " is a symbolic link")
+        self.assertRegex(result.stderr,
+                         rf"{sticky}/perf-record-\d{{8}}-\d{{6}} is a "
+                         rf"symbolic link")
+        self.assertEqual(os.listdir(ours), [])
+        self.assertEqual(set(os.listdir(sticky)), names)
 
     def test_existing_perf_data(self):
         os.mkdir(self.out)

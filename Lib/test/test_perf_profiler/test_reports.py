@@ -18,7 +18,7 @@ import unittest
 import unittest.mock
 from typing import NamedTuple
 
-from perf_trampoline import _reports
+from perf_trampoline import _output, _reports
 from test.test_perf_profiler.util import (
     TIMEOUT, ProfilerFiles, clean_env, needs_host, perf_record_works,
     record_samples, skip_environment, tmp_files_lock, write_script)
@@ -185,7 +185,7 @@ class ParseTests(unittest.TestCase):
             with unittest.mock.patch.object(_reports, "TEMPLATE", missing):
                 with self.assertRaisesRegex(_reports.ReportError,
                                             "template is missing"):
-                    _reports.write_reports("perf", "perf.data", tmp)
+                    _reports.write_reports("perf", tmp)
             self.assertEqual(os.listdir(tmp), [])
 
     def test_perf_script_warnings_do_not_stop_it(self):
@@ -195,20 +195,17 @@ class ParseTests(unittest.TestCase):
         with tempfile.TemporaryDirectory() as tmp:
             perf = write_script(tmp, FAKE_PERF, "perf")
             os.chmod(perf, 0o755)
-            data = os.path.join(tmp, "perf.data")
-            open(data, "w").close()
-            workdir = os.path.join(tmp, "work")
-            os.mkdir(workdir)
-            stacks = _reports._Perf(perf, data, workdir).stacks()
+            open(os.path.join(tmp, "perf.data"), "w").close()
+            with _output.OutputDir.open(tmp) as out:
+                stacks = _reports._Perf(perf, out).stacks()
         self.assertEqual(stacks, {(("python (42)", ""),
                                    ("py::f:a.py", "/tmp/perf-42.map")): 1})
 
     def test_unwritable_output_is_a_report_error(self):
         with tempfile.NamedTemporaryFile() as f:
             with self.assertRaisesRegex(_reports.ReportError,
-                                        f"{f.name}/out: Not a directory"):
-                _reports.write_reports("perf", "perf.data",
-                                       os.path.join(f.name, "out"))
+                                        f"^{f.name}: Not a directory"):
+                _reports.write_reports("perf", os.path.join(f.name, "out"))
 
     def test_template_installed(self):
         # tools/fetch-flamegraph.sh put it there, checked.
@@ -373,12 +370,15 @@ class RecordingReportTests(DrawingTestCase):
             cls.perfs.append(other)
         cls.reports = {}
         for number, perf in enumerate(cls.perfs):
+            # The reports go beside the recording.
             out = os.path.join(cls.tmpdir, f"reports-{number}")
+            os.mkdir(out)
+            os.link(os.path.join(cls.tmpdir, "perf.data"),
+                    os.path.join(out, "perf.data"))
             cls.reports[perf] = dict(
                 (os.path.basename(path) if path else "gecko.json",
                  (description, path))
-                for description, path in _reports.write_reports(
-                    perf, os.path.join(cls.tmpdir, "perf.data"), out))
+                for description, path in _reports.write_reports(perf, out))
 
     def test_python_view_nests_callee_in_caller(self):
         for perf in self.perfs:
