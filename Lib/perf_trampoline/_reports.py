@@ -4,10 +4,11 @@ Firefox Profiler profile, each a file that works offline.
 write_reports(perf, out) writes them into out, beside its perf.data:
 
 flamegraph.html
-    perf's own flamegraph report script (scripts/python/flamegraph.py of
-    the perf given) on d3-flame-graph's HTML template, which is installed
-    beside this module (tools/fetch-flamegraph.sh fetches it from the
-    package's npm release and checks it): every sample's whole stack.
+    Every sample's whole stack, the graph perf's own flamegraph report
+    script (scripts/python/flamegraph.py) draws, on the same template:
+    d3-flame-graph's, which is installed beside this module
+    (tools/fetch-flamegraph.sh fetches it from the package's npm release
+    and checks it).
 flamegraph-python.html
     The same samples with the interpreter's frames between two Python
     functions folded away (fold_python()), drawn with the same template.
@@ -18,7 +19,13 @@ gecko.json
     perf's gecko report script, for the Firefox Profiler (perf 6.7 and
     later have it; with an older perf this one report is left out).
 
-The stacks of the Python view come from `perf script -F comm,pid,tid,ip,
+Both graphs are written here (fill_template()), not by perf's script,
+which puts the names into the page's <script> as they are: a name the
+profiled program chose, such as a file name holding "</script><img
+onerror=...>", would run as script in whoever opens the page.  The
+template writes names as text only (SVG <title>, labels, details line).
+
+The stacks of both views come from `perf script -F comm,pid,tid,ip,
 sym,dso`.  A Python function is a py:: frame: its trampoline, which perf
 names from the interpreter's perf map (or, after perf inject --jit, from
 the jitdump).  Between two Python functions the stack holds the caller's
@@ -51,9 +58,7 @@ TEMPLATE = os.path.join(os.path.dirname(__file__), "d3-flamegraph-base.html")
 # The template's placeholders, as perf's flamegraph.py fills them.
 STACKS_PLACEHOLDER = "/** @flamegraph_json **/"
 OPTIONS_PLACEHOLDER = "/** @options_json **/"
-# In the template, and so in a flame graph drawn with it: perf 6.12's
-# script puts a page that loads d3 from the network in its place when it
-# cannot read the template.
+# In d3-flame-graph's template: read_template() checks that it read one.
 TEMPLATE_MARK = '<meta name="template_version"'
 
 DATA_NAME = "perf.data"
@@ -357,22 +362,14 @@ def write_reports(perf, out):
         raise ReportError(f"{where}{exc.strerror or exc}") from None
 
 
+def _write_flame_graph(out, name, template, stacks, context):
+    out.write_text(name, fill_template(template, flame_tree(stacks),
+                                       context))
+
+
 def _write_reports(perf, out):
     template = read_template()
     perf = _Perf(perf, out)
-    if perf.script_path("flamegraph.py") is None:
-        raise ReportError(f"{perf.path} has no flamegraph report "
-                          f"script in {perf.exec_path}/scripts/python")
-    perf.run_script("flamegraph.py", ["--template", TEMPLATE, "-o",
-                                      "flamegraph.html"], "flamegraph.html")
-    if TEMPLATE_MARK not in out.read_text("flamegraph.html"):
-        raise ReportError(
-            f"perf's flamegraph script did not use the template "
-            f"{TEMPLATE}: {out.join('flamegraph.html')} would need the "
-            f"network")
-    reports = [("Flame graph (perf's flamegraph report)",
-                out.join("flamegraph.html"))]
-
     stacks = perf.stacks()
     interpreter = interpreter_images(stacks)
     python = {}
@@ -381,11 +378,16 @@ def _write_reports(perf, out):
         python[folded] = python.get(folded, 0) + count
     has_python = any(is_python_frame(name) for stack in stacks
                      for name, _ in stack)
-    context = ("Python view: the interpreter's frames between two "
-               "Python functions (py::) are folded away.\n\n"
-               + perf.header())
-    out.write_text("flamegraph-python.html",
-                   fill_template(template, flame_tree(python), context))
+    header = perf.header()
+
+    reports = []
+    _write_flame_graph(out, "flamegraph.html", template, stacks, header)
+    reports.append(("Flame graph (every frame)",
+                    out.join("flamegraph.html")))
+    _write_flame_graph(out, "flamegraph-python.html", template, python,
+                       "Python view: the interpreter's frames between "
+                       "two Python functions (py::) are folded away.\n\n"
+                       + header)
     description = "Flame graph, Python view (evaluator frames folded)"
     if not has_python:
         description += (": no py:: frames in the samples (was the "
