@@ -41,9 +41,9 @@ def _refuse(path, why):
 
 def _check(fd, here, path, last):
     """Refuse the directory `here` (open as `fd`) on the way to `path`
-    if someone else could have put a link in it, or replace it: it must
-    belong to us or root and be writable by no one else.  A sticky
-    directory above `path` (`last` false) protects what is ours in it."""
+    if another user owns it or could write in it, and so put a link or a
+    directory of theirs in it.  A sticky directory above `path` (`last`
+    false) keeps what is ours in it ours."""
     st = os.fstat(fd)
     if st.st_uid not in (os.geteuid(), 0):
         _refuse(path, f"{here} belongs to another user (uid {st.st_uid})")

@@ -150,7 +150,8 @@ def find_perf(given, jit):
             f"inject --jit of DWARF-unwound frames); {path} is "
             f"{version[0]}.{version[1]}: name a newer one with --perf PATH "
             f"or $PERF (this project's: tools/install-deps.sh jit)")
-    return path
+    # Absolute: perf inject runs in the output directory.
+    return os.path.abspath(path)
 
 
 def record_options(jit, hz):
