@@ -179,6 +179,22 @@ class RecordTests(RecordTestCase):
         self.assertIn("started\ndone\n", result.stderr)
         self.assertRecorded(result)
 
+    def test_command_has_no_descriptor_of_the_directory(self):
+        # perf has one to write through; the command it runs has not.
+        script = write_script(self.tmpdir, """\
+            import os
+            for fd in os.listdir("/proc/self/fd"):
+                try:
+                    print(os.readlink(f"/proc/self/fd/{fd}"))
+                except OSError:
+                    pass        # the descriptor listdir() used
+            """, "fds.py")
+        result = self.tool("-o", self.out, "--", sys.executable, script)
+        self.assertEqual(result.returncode, 0, result.stderr)
+        lines = result.stdout.splitlines()
+        self.assertIn(os.path.join(self.out, "perf.data"), lines)
+        self.assertNotIn(self.out, lines)
+
     def test_command_fails(self):
         result = self.tool("-o", self.out, "--", *self.command(status=3))
         self.assertEqual(result.returncode, 3, result.stderr)
@@ -454,6 +470,33 @@ class RecordErrorTests(RecordTestCase):
                          rf"symbolic link")
         self.assertEqual(os.listdir(ours), [])
         self.assertEqual(set(os.listdir(sticky)), names)
+
+    @unittest.skipUnless(os.geteuid() == 0, "needs root (chown)")
+    def test_sticky_directory_of_another_user(self):
+        # Sticky keeps what is ours in it ours only if its owner cannot
+        # take it: theirs is no better than writable.
+        sticky, _ = self.sticky_dir()
+        os.chown(sticky, NOBODY, NOBODY)
+        assert_refused(self, self.tool("--perf", self.fake_perf, "-o",
+                                       os.path.join(sticky, "out"), "--",
+                                       "true"),
+                       f"{sticky} belongs to another user (uid {NOBODY})")
+        self.assertEqual(os.listdir(sticky), [])
+
+    def test_files_are_made_anew(self):
+        # --force replaces the files of an earlier recording; one that
+        # is a hard link to a file elsewhere is left alone.
+        os.mkdir(self.out)
+        open(os.path.join(self.out, "perf.data"), "w").close()
+        elsewhere = os.path.join(self.tmpdir, "elsewhere")
+        with open(elsewhere, "w") as f:
+            f.write("kept\n")
+        os.link(elsewhere, os.path.join(self.out, "perf-record.log"))
+        self.tool("--force", "--perf", self.fake_perf, "-o", self.out,
+                  "--", "true")
+        with open(elsewhere) as f:
+            self.assertEqual(f.read(), "kept\n")
+        self.assertEqual(os.stat(elsewhere).st_nlink, 1)
 
     def test_existing_perf_data(self):
         os.mkdir(self.out)
