@@ -64,10 +64,11 @@ RAW_NAME = "perf.raw.data"     # --jit: perf record's, before perf inject
 HELP = """\
 Writes DIR/perf.data (already injected with --jit) and the reports made
 from it, and prints their paths, one per line, on stdout.  DIR defaults to
-perf-record-YYYYmmdd-HHMMSS in the current directory; a DIR that holds a
-perf.data is refused unless --force, and so is one that another user
-could write in, or have put a link on the way to (no symbolic link is
-followed).  perf's own messages are in DIR/perf-record.log.
+perf-record-YYYYmmdd-HHMMSS in the current directory.  A DIR that holds a
+perf.data is refused unless --force; so is a DIR reached through a
+symbolic link, or that another user owns or could write in, as is any
+directory above it (a sticky one of root's, such as /tmp, may be writable
+by all).  perf's own messages are in DIR/perf-record.log.
 
 COMMAND runs with PYTHONPERFSUPPORT=1 (--jit: PYTHON_PERF_JIT_SUPPORT=1),
 with the terminal's stdin, stdout and stderr; Ctrl-C reaches it as it would
