@@ -21,6 +21,8 @@ the last descriptor, O_NOFOLLOW and O_EXCL; programs that write by path
 their working directory and are given names relative to it.
 """
 
+import contextlib
+import errno
 import os
 import stat
 
@@ -146,29 +148,44 @@ class OutputDir:
             return False
         return True
 
-    def unlink(self, name):
+    @contextlib.contextmanager
+    def _naming(self, name):
+        # An OSError names the file by its path, as an open() by path
+        # would: the messages say where.
         try:
-            os.unlink(name, dir_fd=self.fd)
-        except FileNotFoundError:
-            pass
+            yield
+        except OSError as exc:
+            exc.filename = self.join(name)
+            raise
+
+    def unlink(self, name):
+        with self._naming(name):
+            try:
+                os.unlink(name, dir_fd=self.fd)
+            except FileNotFoundError:
+                pass
 
     def create(self, name, mode=0o644):
         """A new file `name`, open for writing (its descriptor): whatever
         had that name is removed first, never written through."""
         self.unlink(name)
-        return os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL
-                       | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=self.fd)
+        with self._naming(name):
+            return os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL
+                           | os.O_NOFOLLOW | os.O_CLOEXEC, mode,
+                           dir_fd=self.fd)
 
     def write_text(self, name, text):
-        with open(self.create(name), "w", encoding="utf-8") as f:
+        with self._naming(name), open(self.create(name), "w",
+                                      encoding="utf-8") as f:
             f.write(text)
 
     def read_text(self, name):
         """The text of the regular file `name` (undecodable bytes
         replaced); OSError if it is missing or not a regular file."""
-        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK
-                     | os.O_CLOEXEC, dir_fd=self.fd)
-        with open(fd, encoding="utf-8", errors="replace") as f:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                raise OSError(f"{self.join(name)} is not a regular file")
-            return f.read()
+        with self._naming(name):
+            fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK
+                         | os.O_CLOEXEC, dir_fd=self.fd)
+            with open(fd, encoding="utf-8", errors="replace") as f:
+                if not stat.S_ISREG(os.fstat(fd).st_mode):
+                    raise OSError(errno.EINVAL, "not a regular file")
+                return f.read()

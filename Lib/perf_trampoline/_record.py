@@ -562,9 +562,12 @@ def _out_dir(args):
     except _output.UnsafeError as exc:
         raise RecordError(str(exc)) from None
     except OSError as exc:
-        where = f"{exc.filename}: " if exc.filename else ""
-        raise RecordError(f"cannot create {os.path.abspath(path)}: "
-                          f"{where}{exc.strerror}") from None
+        path = os.path.abspath(path)
+        # The component that failed, if not the directory itself.
+        where = f"{exc.filename}: " if exc.filename not in (None, path) \
+            else ""
+        raise RecordError(f"cannot create {path}: {where}"
+                          f"{exc.strerror}") from None
     if out.exists(_reports.DATA_NAME) and not args.force:
         out.close()
         raise RecordError(f"{out.path} holds a perf.data already: name "

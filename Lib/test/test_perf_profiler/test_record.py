@@ -498,6 +498,18 @@ class RecordErrorTests(RecordTestCase):
             self.assertEqual(f.read(), "kept\n")
         self.assertEqual(os.stat(elsewhere).st_nlink, 1)
 
+    def test_output_is_a_file(self):
+        path = os.path.join(self.tmpdir, "file")
+        open(path, "w").close()
+        for out, message in (
+                (path, f"cannot create {path}: Not a directory"),
+                (os.path.join(path, "out"),
+                 f"cannot create {path}/out: {path}: Not a directory")):
+            with self.subTest(out=out):
+                assert_refused(self, self.tool("--perf", self.fake_perf,
+                                               "-o", out, "--", "true"),
+                               message)
+
     def test_existing_perf_data(self):
         os.mkdir(self.out)
         data = os.path.join(self.out, "perf.data")
