@@ -348,45 +348,42 @@ class Recorder:
                               f"{exc.strerror}") from None
         # perf writes by path, and runs the command where we run: it
         # names the directory by a descriptor of its own, which no link
-        # can redirect (the command does not keep it).
+        # can redirect (the exec helper closes it for the command).
         dir_fd = os.dup(self.out.fd)
         os.set_inheritable(dir_fd, True)
         args = [self.perf, "record", *record_options(self.args.jit,
                                                      self.args.freq),
                 "-o", f"/proc/self/fd/{dir_fd}/{self.recorded}"]
         env = dict(os.environ)
-        passed = [log_fd, dir_fd]       # ours to close once perf has them
-        ping = ready = None             # -p: our ends of its control fds
+        err_fd = None
+        ready = None
+        if target[0] == "-p":
+            # perf acknowledges a ping once it records (its main loop).
+            control, ping = os.pipe()
+            ready, ack = os.pipe()
+            for fd in (control, ack):
+                os.set_inheritable(fd, True)
+            args += ["--control", f"fd:{control},{ack}", *target]
+        else:
+            for name in ENV_VARS.values():
+                env.pop(name, None)
+            env[ENV_VARS[self.backend]] = "1"
+            err_fd = os.dup(2)
+            os.set_inheritable(err_fd, True)
+            args += ["--", sys.executable, "-I", "-S", "-c", _EXEC_HELPER,
+                     str(os.getpgrp()), str(err_fd), str(dir_fd), *target]
         try:
-            if target[0] == "-p":
-                # perf acknowledges a ping once it records (its main
-                # loop).
-                control, ping = os.pipe()
-                passed.append(control)
-                ready, ack = os.pipe()
-                passed.append(ack)
-                for fd in (control, ack):
-                    os.set_inheritable(fd, True)
-                args += ["--control", f"fd:{control},{ack}", *target]
-            else:
-                for name in ENV_VARS.values():
-                    env.pop(name, None)
-                env[ENV_VARS[self.backend]] = "1"
-                err_fd = os.dup(2)
-                passed.append(err_fd)
-                os.set_inheritable(err_fd, True)
-                args += ["--", sys.executable, "-I", "-S", "-c",
-                         _EXEC_HELPER, str(os.getpgrp()), str(err_fd),
-                         str(dir_fd), *target]
             self.perf_pid = _spawn(args, log_fd, env, self.old_mask)
         except OSError as exc:
-            for fd in (ping, ready):
-                if fd is not None:
-                    os.close(fd)
             raise RecordError(f"cannot run {self.perf}: {exc}") from None
         finally:
-            for fd in passed:
-                os.close(fd)
+            os.close(log_fd)
+            os.close(dir_fd)
+            if err_fd is not None:
+                os.close(err_fd)
+            if ready is not None:
+                os.close(control)
+                os.close(ack)
         if ready is not None:
             # Open while perf runs: a hang-up of its control fd makes
             # perf 6.1 to 6.12 fail ("pollfd index mismatch").
