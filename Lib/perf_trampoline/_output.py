@@ -8,11 +8,11 @@ write in redirects everything written by that path later, and a check
 that resolves links first (realpath()) checks where the link points, not
 who planted it.  So the directory is opened once, from /, one component
 at a time with O_NOFOLLOW (a link anywhere is refused, never followed),
-each component checked on its own descriptor:
+each component checked on its own descriptor (-o /tmp/out):
 
-    /     owner root or us, writable by no one else, or sticky (/tmp)
-    tmp   ...
-    out   owner root or us, writable by no one else (sticky or not)
+    /      above the output: owned by root or us, and writable by no one
+    tmp    else unless sticky (others may write in /tmp, not replace ours)
+    out    the output: owned by root or us, writable by no one else
 
 A missing component is made with mkdirat() below the checked one, then
 opened and checked like the others.  Every file is then created through
@@ -86,9 +86,10 @@ class OutputDir:
     @classmethod
     def open(cls, path, mode=0o755):
         """Open the directory `path`, making it (and what is missing
-        above it) with `mode`.  UnsafeError if another user could write
-        in it or have put a link on the way; OSError (its filename the
-        component) if it cannot be opened or made.  Nothing is made until
+        above it) with `mode`.  UnsafeError if a link is on the way, or
+        another user owns or could write in it or a directory above it;
+        OSError (its filename the component) if it cannot be opened or
+        made.  Nothing is made until
         every component that exists has passed."""
         path = os.path.abspath(path)
         names = [name for name in path.split("/") if name]
