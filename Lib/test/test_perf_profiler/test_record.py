@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import sysconfig
+import tempfile
 import time
 import unittest
 
@@ -520,6 +521,31 @@ class RecordErrorTests(RecordTestCase):
         self.assertIn("holds a perf.data already", result.stderr)
         self.assertIn("--force", result.stderr)
         self.assertEqual(os.listdir(self.out), ["perf.data"])
+
+
+class InjectTests(unittest.TestCase):
+    """perf inject --jit runs in the output directory, by names relative
+    to it; a fake perf that copies its input stands in."""
+
+    def test_inject_in_the_directory(self):
+        from perf_trampoline import _output, _record
+        with tempfile.TemporaryDirectory() as tmp:
+            perf = write_script(tmp, """\
+                #!/bin/sh
+                # inject --jit -i RAW -o DATA, in the current directory
+                [ "$1 $2 $3 $5" = "inject --jit -i -o" ] || exit 3
+                cp "$4" "$6"
+                """, "perf")
+            os.chmod(perf, 0o755)
+            out_path = os.path.join(tmp, "out")
+            with _output.OutputDir.open(out_path) as out:
+                with open(os.path.join(out_path, _record.RAW_NAME),
+                          "w") as f:
+                    f.write("recorded\n")
+                _record.inject(perf, out)
+            self.assertEqual(os.listdir(out_path), ["perf.data"])
+            with open(os.path.join(out_path, "perf.data")) as f:
+                self.assertEqual(f.read(), "recorded\n")
 
 
 @needs_host("perf")
