@@ -63,7 +63,7 @@ except _reports.ReportError as exc:
     sys.exit(f"demo: error: the reports were not written: {exc}")
 for description, path in reports:
     print(f"    {description}" + (f": {path}" if path else ""))
-' "$PERF" "$DATA" "$OUT"
+' "$PERF" "$OUT"
 
 if ! grep -q 'py::handle_request:' "$OUT/report.txt" ||
    [ ! -s "$OUT/stack.txt" ]; then

@@ -38,13 +38,13 @@ import re
 import selectors
 import shutil
 import signal
-import stat
 import subprocess
 import sys
 import time
 
-from perf_trampoline import (RemoteError, _alive, _namespaces, _reports,
-                             _stat_fields, _warn, attach, detach, status)
+from perf_trampoline import (RemoteError, _alive, _namespaces, _output,
+                             _reports, _stat_fields, _warn, attach, detach,
+                             status)
 
 # perf inject --jit merges DWARF-unwound jitdump frames correctly from 6.8.
 PERF_JIT_MIN = (6, 8)
@@ -59,13 +59,16 @@ READY_TIMEOUT = 60.0
 SI_KERNEL = 0x80    # siginfo si_code of a signal the terminal sent
 ENV_VARS = {"perf": "PYTHONPERFSUPPORT", "perf_jit": "PYTHON_PERF_JIT_SUPPORT"}
 LOG_NAME = "perf-record.log"
+RAW_NAME = "perf.raw.data"     # --jit: perf record's, before perf inject
 
 HELP = """\
 Writes DIR/perf.data (already injected with --jit) and the reports made
 from it, and prints their paths, one per line, on stdout.  DIR defaults to
-perf-record-YYYYmmdd-HHMMSS in the current directory; a DIR that holds a
-perf.data is refused unless --force, and so is one that another user
-could write in.  perf's own messages are in DIR/perf-record.log.
+perf-record-YYYYmmdd-HHMMSS in the current directory.  A DIR that holds a
+perf.data is refused unless --force; so is a DIR reached through a
+symbolic link, or that another user owns or could write in, as is any
+directory above it (a sticky one of root's, such as /tmp, may be writable
+by all).  perf's own messages are in DIR/perf-record.log.
 
 COMMAND runs with PYTHONPERFSUPPORT=1 (--jit: PYTHON_PERF_JIT_SUPPORT=1),
 with the terminal's stdin, stdout and stderr; Ctrl-C reaches it as it would
@@ -148,7 +151,8 @@ def find_perf(given, jit):
             f"inject --jit of DWARF-unwound frames); {path} is "
             f"{version[0]}.{version[1]}: name a newer one with --perf PATH "
             f"or $PERF (this project's: tools/install-deps.sh jit)")
-    return path
+    # Absolute: perf inject runs in the output directory.
+    return os.path.abspath(path)
 
 
 def record_options(jit, hz):
@@ -160,16 +164,18 @@ def record_options(jit, hz):
     return ["-g", "-e", "cpu-clock", "-F", str(hz)]
 
 
-def inject(perf, raw, data):
-    """perf inject --jit from `raw` into `data`; RecordError on failure."""
-    proc = subprocess.run([perf, "inject", "--jit", "-i", raw, "-o", data],
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                          text=True, errors="replace")
+def inject(perf, out):
+    """perf inject --jit from RAW_NAME into perf.data, in `out` (an
+    _output.OutputDir); RecordError on failure."""
+    proc = subprocess.run([perf, "inject", "--jit", "-i", RAW_NAME, "-o",
+                           _reports.DATA_NAME], stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True,
+                          errors="replace", **out.as_cwd())
     if proc.returncode != 0:
         raise RecordError(f"perf inject --jit failed (exit "
                           f"{proc.returncode}): {_first_line(proc.stdout)}; "
-                          f"the recording is {raw}")
-    os.unlink(raw)
+                          f"the recording is {out.join(RAW_NAME)}")
+    out.unlink(RAW_NAME)
 
 
 def _first_line(text):
@@ -178,13 +184,18 @@ def _first_line(text):
     return (errors or lines or ["no output"])[0]
 
 
-def _samples(log_path):
+def _read_log(out):
+    try:
+        return out.read_text(LOG_NAME)
+    except OSError:
+        return None
+
+
+def _samples(out):
     """The sample count perf record's closing line gives, or None if it
     wrote none (it failed)."""
-    try:
-        with open(log_path, errors="replace") as f:
-            text = f.read()
-    except OSError:
+    text = _read_log(out)
+    if text is None:
         return None
     match = re.search(r"perf record: Captured and wrote .*", text)
     if match is None:
@@ -194,14 +205,11 @@ def _samples(log_path):
     return int(count.group(1)) if count else 0
 
 
-def _log_failure(log_path, returncode):
-    try:
-        with open(log_path, errors="replace") as f:
-            said = _first_line(f.read())
-    except OSError:
-        said = "no output"
+def _log_failure(out, returncode):
+    text = _read_log(out)
+    said = "no output" if text is None else _first_line(text)
     return (f"perf record failed (exit {returncode}): {said} (all of it: "
-            f"{log_path})")
+            f"{out.join(LOG_NAME)})")
 
 
 # ----------------------------------------------------------------------
@@ -209,17 +217,19 @@ def _log_failure(log_path, returncode):
 
 # Runs between perf's fork and the command: back into our process group
 # (so the terminal's Ctrl-C reaches the command, not perf), our stderr
-# back in place of perf's log.  -I -S: no environment, no site; it
-# ignores PYTHONPERFSUPPORT, which the command gets.
+# back in place of perf's log, perf's descriptor of the output directory
+# closed.  -I -S: no environment, no site; it ignores PYTHONPERFSUPPORT,
+# which the command gets.
 _EXEC_HELPER = """\
 import os, sys
-pgid, fd, *command = sys.argv[1:]
+pgid, fd, dir_fd, *command = sys.argv[1:]
 try:
     os.setpgid(0, int(pgid))
 except OSError:
     pass
 os.dup2(int(fd), 2)
 os.close(int(fd))
+os.close(int(dir_fd))
 try:
     os.execvp(command[0], command)
 except OSError as exc:
@@ -276,8 +286,9 @@ class _Progress:
     """Elapsed time and perf.data's size on stderr: one updating line on a
     terminal, else a line every PLAIN_PROGRESS_INTERVAL seconds."""
 
-    def __init__(self, data_path):
-        self.data_path = data_path
+    def __init__(self, out, name):
+        self.out = out
+        self.name = name
         self.start = time.monotonic()
         self.tty = sys.stderr.isatty()
         self.last = self.start
@@ -289,7 +300,7 @@ class _Progress:
             return
         self.last = now
         try:
-            size = os.stat(self.data_path).st_size
+            size = self.out.lstat(self.name).st_size
         except OSError:
             size = 0
         line = (f"perf_trampoline: recording {now - self.start:.0f} s, "
@@ -311,14 +322,13 @@ class Recorder:
     """One perf record run: its process, the loop that watches it and the
     signals, the namespace maps."""
 
-    def __init__(self, args, perf, out_dir, old_mask):
+    def __init__(self, args, perf, out, old_mask):
         self.args = args
         self.perf = perf
         self.backend = "perf_jit" if args.jit else "perf"
-        self.data = os.path.join(out_dir, "perf.data")
-        self.recorded = (os.path.join(out_dir, "perf.raw.data")
-                         if args.jit else self.data)
-        self.log = os.path.join(out_dir, LOG_NAME)
+        self.out = out                  # an _output.OutputDir
+        self.data = out.join(_reports.DATA_NAME)
+        self.recorded = RAW_NAME if args.jit else _reports.DATA_NAME
         self.old_mask = old_mask
         self.maps = _namespaces.NamespaceMaps()
         self.host_maps = None
@@ -331,9 +341,19 @@ class Recorder:
     def start(self, target):
         """Start perf record on `target` (["-p", PID] or the command's
         argv after "--")."""
+        try:
+            log_fd = self.out.create(LOG_NAME)
+        except OSError as exc:
+            raise RecordError(f"cannot write {self.out.join(LOG_NAME)}: "
+                              f"{exc.strerror}") from None
+        # perf writes by path, and runs the command where we run: it
+        # names the directory by a descriptor of its own, which no link
+        # can redirect (the exec helper closes it for the command).
+        dir_fd = os.dup(self.out.fd)
+        os.set_inheritable(dir_fd, True)
         args = [self.perf, "record", *record_options(self.args.jit,
                                                      self.args.freq),
-                "-o", self.recorded]
+                "-o", f"/proc/self/fd/{dir_fd}/{self.recorded}"]
         env = dict(os.environ)
         err_fd = None
         ready = None
@@ -351,19 +371,14 @@ class Recorder:
             err_fd = os.dup(2)
             os.set_inheritable(err_fd, True)
             args += ["--", sys.executable, "-I", "-S", "-c", _EXEC_HELPER,
-                     str(os.getpgrp()), str(err_fd), *target]
-        try:
-            log_fd = os.open(self.log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC
-                             | os.O_CLOEXEC, 0o644)
-        except OSError as exc:
-            raise RecordError(f"cannot write {self.log}: "
-                              f"{exc.strerror}") from None
+                     str(os.getpgrp()), str(err_fd), str(dir_fd), *target]
         try:
             self.perf_pid = _spawn(args, log_fd, env, self.old_mask)
         except OSError as exc:
             raise RecordError(f"cannot run {self.perf}: {exc}") from None
         finally:
             os.close(log_fd)
+            os.close(dir_fd)
             if err_fd is not None:
                 os.close(err_fd)
             if ready is not None:
@@ -431,7 +446,7 @@ class Recorder:
         """Until perf ends, or `seconds` pass, or (with `pid`) that
         process exits: progress, namespace maps, signals, each passed to
         on_signal(signum, from_terminal), which returns True to stop."""
-        progress = _Progress(self.recorded)
+        progress = _Progress(self.out, self.recorded)
         started = time.monotonic()
         updated = started
         try:
@@ -461,10 +476,10 @@ class Recorder:
         """Stop perf if it runs; the sample count; RecordError if perf
         failed."""
         self.stop()
-        samples = _samples(self.log)
+        samples = _samples(self.out)
         if samples is None:
             raise RecordError(_log_failure(
-                self.log, os.waitstatus_to_exitcode(self.status)))
+                self.out, os.waitstatus_to_exitcode(self.status)))
         return samples
 
     def close_maps(self):
@@ -535,47 +550,27 @@ def _record_pid(recorder, pid):
 # ----------------------------------------------------------------------
 # The command
 
-def _check_trusted(path, here):
-    """Refuse an output directory `path` that someone else could put a
-    file or link in: record writes there by name (as root, too).  It and
-    every directory above it, from `here` (`path` or the deepest of them
-    that exists) up, must belong to us or root and be writable by no one
-    else; a sticky directory above it, such as /tmp, protects what is ours
-    in it."""
-    uid, gid = os.geteuid(), os.getegid()
-    while True:
-        st = os.stat(here)
-        if st.st_uid not in (uid, 0):
-            raise RecordError(f"{path} is not safe to write in: {here} "
-                              f"belongs to another user (uid {st.st_uid})")
-        others = st.st_mode & (stat.S_IWOTH
-                               | (stat.S_IWGRP if st.st_gid != gid else 0))
-        if others and (here == path or not st.st_mode & stat.S_ISVTX):
-            raise RecordError(f"{path} is not safe to write in: others may "
-                              f"write in {here}")
-        if here == "/":
-            return
-        here = os.path.dirname(here)
-
-
 def _out_dir(args):
+    """The output directory, open (an _output.OutputDir, made if
+    missing); RecordError if it is refused or cannot be made."""
     path = args.output or time.strftime("perf-record-%Y%m%d-%H%M%S")
-    if os.path.exists(os.path.join(path, "perf.data")) and not args.force:
-        raise RecordError(f"{path} holds a perf.data already: name another "
-                          f"directory with -o, or overwrite it with --force")
-    path = os.path.realpath(path)
     try:
-        # Nothing is created where it could not be kept.
-        existing = path
-        while not os.path.exists(existing):
-            existing = os.path.dirname(existing)
-        _check_trusted(path, existing)
-        os.makedirs(path, mode=0o755, exist_ok=True)
-        # Someone else's may have appeared meanwhile.
-        _check_trusted(path, path)
+        out = _output.OutputDir.open(path)
+    except _output.UnsafeError as exc:
+        raise RecordError(str(exc)) from None
     except OSError as exc:
-        raise RecordError(f"cannot create {path}: {exc.strerror}") from None
-    return path
+        path = os.path.abspath(path)
+        # The component that failed, if not the directory itself.
+        where = f"{exc.filename}: " if exc.filename not in (None, path) \
+            else ""
+        raise RecordError(f"cannot create {path}: {where}"
+                          f"{exc.strerror}") from None
+    if out.exists(_reports.DATA_NAME) and not args.force:
+        out.close()
+        raise RecordError(f"{out.path} holds a perf.data already: name "
+                          f"another directory with -o, or overwrite it "
+                          f"with --force")
+    return out
 
 
 def _check_args(args):
@@ -602,40 +597,41 @@ def run(args):
         perf = find_perf(args.perf, args.jit)
         if args.pid is not None:
             _status(args.pid)
-        out_dir = _out_dir(args)
+        out = _out_dir(args)
     except RecordError as exc:
         _warn(exc)
         return 2
-    # Signals wait for the loop (sigtimedwait), which decides: nothing
-    # may interrupt a switch of the target or its switching back.
-    watched = {signal.SIGINT, signal.SIGTERM}
-    old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, watched)
-    recorder = Recorder(args, perf, out_dir, old_mask)
-    try:
-        if command:
-            samples = _record_command(recorder, command)
-        else:
-            samples = _record_pid(recorder, args.pid)
-        # perf inject reads the copies of container processes' jitdumps:
-        # complete them first.
-        recorder.stop()
-        recorder.close_maps()
-        if args.jit and samples:
-            inject(perf, recorder.recorded, recorder.data)
-    except RecordError as exc:
-        _warn(exc)
-        return 2
-    finally:
-        recorder.stop()
-        host_maps = recorder.close_maps()
-        # Signals that came meanwhile are taken here, not raised later.
-        while signal.sigtimedwait(watched, 0) is not None:
-            pass
-        signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
-    return _report(recorder, perf, out_dir, command, samples, host_maps)
+    with out:
+        # Signals wait for the loop (sigtimedwait), which decides: nothing
+        # may interrupt a switch of the target or its switching back.
+        watched = {signal.SIGINT, signal.SIGTERM}
+        old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, watched)
+        recorder = Recorder(args, perf, out, old_mask)
+        try:
+            if command:
+                samples = _record_command(recorder, command)
+            else:
+                samples = _record_pid(recorder, args.pid)
+            # perf inject reads the copies of container processes' jitdumps:
+            # complete them first.
+            recorder.stop()
+            recorder.close_maps()
+            if args.jit and samples:
+                inject(perf, out)
+        except RecordError as exc:
+            _warn(exc)
+            return 2
+        finally:
+            recorder.stop()
+            host_maps = recorder.close_maps()
+            # Signals that came meanwhile are taken here, not raised later.
+            while signal.sigtimedwait(watched, 0) is not None:
+                pass
+            signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
+        return _report(recorder, perf, out, command, samples, host_maps)
 
 
-def _report(recorder, perf, out_dir, command, samples, host_maps):
+def _report(recorder, perf, out, command, samples, host_maps):
     exit_code = 0
     if command:
         exit_code = os.waitstatus_to_exitcode(recorder.status)
@@ -647,8 +643,7 @@ def _report(recorder, perf, out_dir, command, samples, host_maps):
     paths = [recorder.data] if samples else []
     if samples:
         try:
-            for what, path in _reports.write_reports(perf, recorder.data,
-                                                     out_dir):
+            for what, path in _reports.write_reports(perf, out):
                 if path is None:
                     _warn(what)
                 else:

@@ -1,13 +1,14 @@
 """The reports of a perf recording: flame graphs, collapsed stacks and a
 Firefox Profiler profile, each a file that works offline.
 
-write_reports(perf, data_path, out_dir) writes into out_dir:
+write_reports(perf, out) writes them into out, beside its perf.data:
 
 flamegraph.html
-    perf's own flamegraph report script (scripts/python/flamegraph.py of
-    the perf given) on d3-flame-graph's HTML template, which is installed
-    beside this module (tools/fetch-flamegraph.sh fetches it from the
-    package's npm release and checks it): every sample's whole stack.
+    Every sample's whole stack, the graph perf's own flamegraph report
+    script (scripts/python/flamegraph.py) draws, on the same template:
+    d3-flame-graph's, which is installed beside this module
+    (tools/fetch-flamegraph.sh fetches it from the package's npm release
+    and checks it).
 flamegraph-python.html
     The same samples with the interpreter's frames between two Python
     functions folded away (fold_python()), drawn with the same template.
@@ -18,7 +19,13 @@ gecko.json
     perf's gecko report script, for the Firefox Profiler (perf 6.7 and
     later have it; with an older perf this one report is left out).
 
-The stacks of the Python view come from `perf script -F comm,pid,tid,ip,
+Both graphs are written here (fill_template()), not by perf's script,
+which puts the names into the page's <script> as they are: a name the
+profiled program chose, such as a file name holding "</script><img
+onerror=...>", would run as script in whoever opens the page.  The
+template writes names as text only (SVG <title>, labels, details line).
+
+The stacks of both views come from `perf script -F comm,pid,tid,ip,
 sym,dso`.  A Python function is a py:: frame: its trampoline, which perf
 names from the interpreter's perf map (or, after perf inject --jit, from
 the jitdump).  Between two Python functions the stack holds the caller's
@@ -39,8 +46,11 @@ import json
 import os
 import re
 import shutil
+import stat
 import subprocess
 import tempfile
+
+from perf_trampoline import _output
 
 __all__ = ["write_reports", "fold_python", "ReportError"]
 
@@ -48,11 +58,10 @@ TEMPLATE = os.path.join(os.path.dirname(__file__), "d3-flamegraph-base.html")
 # The template's placeholders, as perf's flamegraph.py fills them.
 STACKS_PLACEHOLDER = "/** @flamegraph_json **/"
 OPTIONS_PLACEHOLDER = "/** @options_json **/"
-# In the template, and so in a flame graph drawn with it: perf 6.12's
-# script puts a page that loads d3 from the network in its place when it
-# cannot read the template.
+# In d3-flame-graph's template: read_template() checks that it read one.
 TEMPLATE_MARK = '<meta name="template_version"'
 
+DATA_NAME = "perf.data"
 EVALUATOR = "_PyEval_EvalFrameDefault"
 PYTHON_PREFIX = "py::"
 SCRIPT_FIELDS = "comm,pid,tid,ip,sym,dso"
@@ -224,21 +233,22 @@ def read_template():
 # Running perf
 
 class _Perf:
-    """The perf executable, its report scripts, and one recording, which
-    it reads as ./perf.data in a directory of its own: perf's flamegraph
-    script reads the recording's header that way, with the first perf on
-    PATH, which is this one there."""
+    """The perf executable, its report scripts, and the recording
+    perf.data in an output directory, in which it runs (it writes there
+    by name)."""
 
-    def __init__(self, perf, data_path, workdir):
+    def __init__(self, perf, out):
         path = shutil.which(perf)
         if path is None:
             raise ReportError(f"{perf}: no such executable")
         self.path = os.path.abspath(path)
-        if not os.path.isfile(data_path):
-            raise ReportError(f"{data_path}: no such file")
-        self.workdir = workdir
-        os.symlink(os.path.abspath(data_path),
-                   os.path.join(workdir, "perf.data"))
+        try:
+            is_file = stat.S_ISREG(out.lstat(DATA_NAME).st_mode)
+        except FileNotFoundError:
+            is_file = False
+        if not is_file:
+            raise ReportError(f"{out.join(DATA_NAME)}: no such file")
+        self.out = out
         env = {name: value for name, value in os.environ.items()
                # perf's scripts run on perf's own Python: settings meant
                # for ours could break it.
@@ -273,9 +283,9 @@ class _Perf:
         question gets end of file, not a wait."""
         try:
             proc = subprocess.run(
-                [self.path, *args], cwd=self.workdir, env=self.env,
-                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE, text=True, errors="replace")
+                [self.path, *args], env=self.env, stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                errors="replace", **self.out.as_cwd())
         except OSError as exc:
             raise ReportError(f"{what}: {exc}") from None
         if proc.returncode != 0:
@@ -286,28 +296,38 @@ class _Perf:
 
     def run_script(self, name, args, output):
         """Run perf's report script `name` with `args`, which make it
-        write `output`.  A script may fail and still exit 0 (perf only
-        prints the exception): the file it wrote is the proof."""
+        write the file `output` in the directory.  A script may fail and
+        still exit 0 (perf only prints the exception): the file it wrote
+        is the proof."""
         path = self.script_path(name)
-        if os.path.lexists(output):
-            os.unlink(output)
-        self.run(["script", "-i", "perf.data", "-s", path, "--", *args],
+        self.out.unlink(output)
+        self.run(["script", "-i", DATA_NAME, "-s", path, "--", *args],
                  f"perf script -s {name}")
-        if not os.path.isfile(output):
-            raise ReportError(f"perf script -s {name} wrote no {output}")
+        if not self.out.exists(output):
+            raise ReportError(f"perf script -s {name} wrote no "
+                              f"{self.out.join(output)}")
+
+    def header(self):
+        """What perf report --header-only says of the recording (or why
+        it cannot): the Context the flame graphs show."""
+        try:
+            return self.run(["report", "-i", DATA_NAME, "--header-only"],
+                            "perf report --header-only")
+        except ReportError as exc:
+            return str(exc)             # only shown behind a button
 
     def stacks(self):
         """The recording's stacks, counted (parse_script())."""
         # perf's warnings go to a file: a pipe nobody reads while the
         # stacks are read would stop perf once full.
-        with open(os.path.join(self.workdir, "script.err"), "w+",
-                  errors="replace") as err:
+        with tempfile.TemporaryFile("w+", errors="replace") as err:
             try:
                 proc = subprocess.Popen(
-                    [self.path, "script", "-i", "perf.data", "-F",
-                     SCRIPT_FIELDS], cwd=self.workdir, env=self.env,
+                    [self.path, "script", "-i", DATA_NAME, "-F",
+                     SCRIPT_FIELDS], env=self.env,
                     stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                    stderr=err, text=True, errors="replace")
+                    stderr=err, text=True, errors="replace",
+                    **self.out.as_cwd())
             except OSError as exc:
                 raise ReportError(f"perf script: {exc}") from None
             with proc:
@@ -321,19 +341,20 @@ class _Perf:
         return stacks
 
 
-def _write(path, text):
-    with open(path, "w", encoding="utf-8") as f:
-        f.write(text)
-
-
-def write_reports(perf, data_path, out_dir):
-    """Write the reports of the recording `data_path` (already through
-    perf inject --jit for a jitdump) into `out_dir`, with the perf
-    executable `perf`.  Returns [(description, path)], one per report;
-    path is None for a report this perf cannot write, and the
-    description says why.  Raises ReportError(message)."""
+def write_reports(perf, out):
+    """Write the reports of the recording perf.data in `out` (already
+    through perf inject --jit for a jitdump) into `out`, with the perf
+    executable `perf`.  `out` is an _output.OutputDir, or the path of
+    one to open here (and make if missing).  Returns [(description,
+    path)], one per report; path is None for a report this perf cannot
+    write, and the description says why.  Raises ReportError(message)."""
     try:
-        return _write_reports(perf, data_path, out_dir)
+        if isinstance(out, str):
+            with _output.OutputDir.open(out) as opened:
+                return _write_reports(perf, opened)
+        return _write_reports(perf, out)
+    except _output.UnsafeError as exc:
+        raise ReportError(str(exc)) from None
     except OSError as exc:
         # A file or directory of the reports cannot be written (a full
         # disk, a directory where a report goes, ...).
@@ -341,69 +362,53 @@ def write_reports(perf, data_path, out_dir):
         raise ReportError(f"{where}{exc.strerror or exc}") from None
 
 
-def _write_reports(perf, data_path, out_dir):
+def _write_flame_graph(out, name, template, stacks, context):
+    out.write_text(name, fill_template(template, flame_tree(stacks),
+                                       context))
+
+
+def _write_reports(perf, out):
     template = read_template()
-    out_dir = os.path.abspath(out_dir)
-    os.makedirs(out_dir, exist_ok=True)
-    out = {name: os.path.join(out_dir, name) for name in (
-        "flamegraph.html", "flamegraph-python.html", "stacks.folded",
-        "stacks-python.folded", "gecko.json")}
+    perf = _Perf(perf, out)
+    stacks = perf.stacks()
+    interpreter = interpreter_images(stacks)
+    python = {}
+    for stack, count in stacks.items():
+        folded = fold_python(stack, interpreter)
+        python[folded] = python.get(folded, 0) + count
+    has_python = any(is_python_frame(name) for stack in stacks
+                     for name, _ in stack)
+    header = perf.header()
+
     reports = []
-    with tempfile.TemporaryDirectory(prefix="perf-reports-") as workdir:
-        perf = _Perf(perf, data_path, workdir)
-        if perf.script_path("flamegraph.py") is None:
-            raise ReportError(f"{perf.path} has no flamegraph report "
-                              f"script in {perf.exec_path}/scripts/python")
-        perf.run_script("flamegraph.py", ["--template", TEMPLATE,
-                                          "-o", out["flamegraph.html"]],
-                        out["flamegraph.html"])
-        with open(out["flamegraph.html"], encoding="utf-8",
-                  errors="replace") as f:
-            if TEMPLATE_MARK not in f.read():
-                raise ReportError(
-                    f"perf's flamegraph script did not use the template "
-                    f"{TEMPLATE}: {out['flamegraph.html']} would need the "
-                    f"network")
-        reports.append(("Flame graph (perf's flamegraph report)",
-                        out["flamegraph.html"]))
+    _write_flame_graph(out, "flamegraph.html", template, stacks, header)
+    reports.append(("Flame graph (every frame)",
+                    out.join("flamegraph.html")))
+    _write_flame_graph(out, "flamegraph-python.html", template, python,
+                       "Python view: the interpreter's frames between "
+                       "two Python functions (py::) are folded away.\n\n"
+                       + header)
+    description = "Flame graph, Python view (evaluator frames folded)"
+    if not has_python:
+        description += (": no py:: frames in the samples (was the "
+                        "program run with -X perf?)")
+    reports.append((description, out.join("flamegraph-python.html")))
+    for name, description, view in (
+            ("stacks.folded", "Collapsed stacks", stacks),
+            ("stacks-python.folded", "Collapsed stacks, Python view",
+             python)):
+        out.write_text(name, collapsed(view))
+        reports.append((description, out.join(name)))
 
-        stacks = perf.stacks()
-        interpreter = interpreter_images(stacks)
-        python = {}
-        for stack, count in stacks.items():
-            folded = fold_python(stack, interpreter)
-            python[folded] = python.get(folded, 0) + count
-        has_python = any(is_python_frame(name) for stack in stacks
-                         for name, _ in stack)
-        try:
-            header = perf.run(["report", "-i", "perf.data", "--header-only"],
-                              "perf report --header-only")
-        except ReportError as exc:
-            header = str(exc)           # only shown behind a button
-        context = ("Python view: the interpreter's frames between two "
-                   "Python functions (py::) are folded away.\n\n" + header)
-        _write(out["flamegraph-python.html"],
-               fill_template(template, flame_tree(python), context))
-        description = "Flame graph, Python view (evaluator frames folded)"
-        if not has_python:
-            description += (": no py:: frames in the samples (was the "
-                            "program run with -X perf?)")
-        reports.append((description, out["flamegraph-python.html"]))
-        _write(out["stacks.folded"], collapsed(stacks))
-        reports.append(("Collapsed stacks", out["stacks.folded"]))
-        _write(out["stacks-python.folded"], collapsed(python))
-        reports.append(("Collapsed stacks, Python view",
-                        out["stacks-python.folded"]))
-
-        if perf.script_path("gecko.py") is None:
-            reports.append((f"Firefox Profiler: not written: "
-                            f"{perf.version()} has no gecko report script "
-                            f"(perf 6.7 and later have it)", None))
-        else:
-            # --save-only: write the file; without it the script serves
-            # it on a local port and opens a browser.
-            perf.run_script("gecko.py", ["--save-only", out["gecko.json"]],
-                            out["gecko.json"])
-            reports.append(("Firefox Profiler (open it at "
-                            "profiler.firefox.com)", out["gecko.json"]))
+    if perf.script_path("gecko.py") is None:
+        reports.append((f"Firefox Profiler: not written: "
+                        f"{perf.version()} has no gecko report script "
+                        f"(perf 6.7 and later have it)", None))
+    else:
+        # --save-only: write the file; without it the script serves it
+        # on a local port and opens a browser.
+        perf.run_script("gecko.py", ["--save-only", "gecko.json"],
+                        "gecko.json")
+        reports.append(("Firefox Profiler (open it at "
+                        "profiler.firefox.com)", out.join("gecko.json")))
     return reports

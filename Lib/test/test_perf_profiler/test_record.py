@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import sysconfig
+import tempfile
 import time
 import unittest
 
@@ -57,6 +58,15 @@ COMMAND = """\
     """
 
 CHAIN = ["leaf", "mid", "top"]
+
+# Run as another user: a symbolic link to argv[1] at each of argv[2:].
+PLANT_LINKS = """\
+import os, sys
+for path in sys.argv[2:]:
+    os.symlink(sys.argv[1], path)
+"""
+NOBODY = 65534
+DEFAULT_NAME = "perf-record-%Y%m%d-%H%M%S"
 # The -p tests record test_attach's target, mode "busy".
 # What record writes with any perf, in the order it prints them (a perf
 # with the gecko script adds gecko.json).
@@ -85,13 +95,14 @@ class RecordTestCase(PerfTestCase):
                                                            "debug"))
         self.addCleanup(self.remove_jitted)
 
-    def tool(self, *args, timeout=TIMEOUT, **kwargs):
-        """python -I -m perf_trampoline record ARGS, CompletedProcess."""
+    def tool(self, *args, timeout=TIMEOUT, cwd=None, **kwargs):
+        """python -I -m perf_trampoline record ARGS, CompletedProcess;
+        run in `cwd` (default self.tmpdir)."""
         return subprocess.run(
             [sys.executable, "-I", "-m", "perf_trampoline", "record",
              *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            text=True, env=self.env, cwd=self.tmpdir, timeout=timeout,
-            **kwargs)
+            text=True, env=self.env, cwd=cwd or self.tmpdir,
+            timeout=timeout, **kwargs)
 
     def command(self, status=0, rounds=100, forever=False):
         path = write_script(self.tmpdir, COMMAND, "command.py")
@@ -168,6 +179,22 @@ class RecordTests(RecordTestCase):
         self.assertEqual(result.returncode, 0, result.stderr)
         self.assertIn("started\ndone\n", result.stderr)
         self.assertRecorded(result)
+
+    def test_command_has_no_descriptor_of_the_directory(self):
+        # perf has one to write through; the command it runs has not.
+        script = write_script(self.tmpdir, """\
+            import os
+            for fd in os.listdir("/proc/self/fd"):
+                try:
+                    print(os.readlink(f"/proc/self/fd/{fd}"))
+                except OSError:
+                    pass        # the descriptor listdir() used
+            """, "fds.py")
+        result = self.tool("-o", self.out, "--", sys.executable, script)
+        self.assertEqual(result.returncode, 0, result.stderr)
+        lines = result.stdout.splitlines()
+        self.assertIn(os.path.join(self.out, "perf.data"), lines)
+        self.assertNotIn(self.out, lines)
 
     def test_command_fails(self):
         result = self.tool("-o", self.out, "--", *self.command(status=3))
@@ -389,6 +416,101 @@ class RecordErrorTests(RecordTestCase):
                                              f"user (uid 65534)")
                 self.assertEqual(os.listdir(theirs), [])
 
+    def sticky_dir(self):
+        """A directory like /tmp (root's, sticky, writable by all) in
+        self.tmpdir, and a directory of ours beside it."""
+        os.chmod(self.tmpdir, 0o755)        # others may pass through
+        sticky = os.path.join(self.tmpdir, "sticky")
+        os.mkdir(sticky)
+        os.chmod(sticky, 0o1777)
+        ours = os.path.join(self.tmpdir, "ours")
+        os.mkdir(ours, 0o755)
+        return sticky, ours
+
+    def plant_links(self, target, paths):
+        """Links to `target` at `paths`, put there by user nobody."""
+        subprocess.run([sys.executable, "-I", "-S", "-c", PLANT_LINKS,
+                        target, *paths], user=NOBODY, group=NOBODY,
+                       extra_groups=[], check=True, timeout=TIMEOUT)
+        for path in paths:
+            self.assertEqual(os.lstat(path).st_uid, NOBODY)
+
+    @unittest.skipUnless(os.geteuid() == 0, "needs root (to be nobody)")
+    def test_link_planted_by_another_user(self):
+        # nobody: ln -s /root/somedir /tmp/out; root: record -o /tmp/out.
+        # The link leads to a directory root may write in: only who put
+        # it there tells that it is not root's choice.
+        sticky, ours = self.sticky_dir()
+        link = os.path.join(sticky, "out")
+        self.plant_links(ours, [link])
+        for out in (link, os.path.join(link, "below")):
+            with self.subTest(out=out):
+                result = self.tool("--perf", self.fake_perf, "-o", out,
+                                   "--", "true")
+                assert_refused(self, result, f"{link} is a symbolic link")
+                self.assertIn("choose a directory that only you can write "
+                              "in", result.stderr)
+                self.assertEqual(os.listdir(ours), [])
+                self.assertEqual(os.listdir(sticky), ["out"])
+
+    @unittest.skipUnless(os.geteuid() == 0, "needs root (to be nobody)")
+    def test_default_name_planted_by_another_user(self):
+        # The default name is the time: anyone can put links at the
+        # names of the coming minutes in /tmp, where root runs record.
+        sticky, ours = self.sticky_dir()
+        now = time.time()
+        names = {time.strftime(DEFAULT_NAME, time.localtime(now + seconds))
+                 for seconds in range(-1, 2 * int(TIMEOUT))}
+        self.plant_links(ours, [os.path.join(sticky, name)
+                                for name in names])
+        result = self.tool("--perf", self.fake_perf, "--", "true",
+                           cwd=sticky)
+        assert_refused(self, result, " is a symbolic link")
+        self.assertRegex(result.stderr,
+                         rf"{sticky}/perf-record-\d{{8}}-\d{{6}} is a "
+                         rf"symbolic link")
+        self.assertEqual(os.listdir(ours), [])
+        self.assertEqual(set(os.listdir(sticky)), names)
+
+    @unittest.skipUnless(os.geteuid() == 0, "needs root (chown)")
+    def test_sticky_directory_of_another_user(self):
+        # Sticky keeps what is ours in it ours only if its owner cannot
+        # take it: theirs is no better than writable.
+        sticky, _ = self.sticky_dir()
+        os.chown(sticky, NOBODY, NOBODY)
+        assert_refused(self, self.tool("--perf", self.fake_perf, "-o",
+                                       os.path.join(sticky, "out"), "--",
+                                       "true"),
+                       f"{sticky} belongs to another user (uid {NOBODY})")
+        self.assertEqual(os.listdir(sticky), [])
+
+    def test_files_are_made_anew(self):
+        # --force replaces the files of an earlier recording; one that
+        # is a hard link to a file elsewhere is left alone.
+        os.mkdir(self.out)
+        open(os.path.join(self.out, "perf.data"), "w").close()
+        elsewhere = os.path.join(self.tmpdir, "elsewhere")
+        with open(elsewhere, "w") as f:
+            f.write("kept\n")
+        os.link(elsewhere, os.path.join(self.out, "perf-record.log"))
+        self.tool("--force", "--perf", self.fake_perf, "-o", self.out,
+                  "--", "true")
+        with open(elsewhere) as f:
+            self.assertEqual(f.read(), "kept\n")
+        self.assertEqual(os.stat(elsewhere).st_nlink, 1)
+
+    def test_output_is_a_file(self):
+        path = os.path.join(self.tmpdir, "file")
+        open(path, "w").close()
+        for out, message in (
+                (path, f"cannot create {path}: Not a directory"),
+                (os.path.join(path, "out"),
+                 f"cannot create {path}/out: {path}: Not a directory")):
+            with self.subTest(out=out):
+                assert_refused(self, self.tool("--perf", self.fake_perf,
+                                               "-o", out, "--", "true"),
+                               message)
+
     def test_existing_perf_data(self):
         os.mkdir(self.out)
         data = os.path.join(self.out, "perf.data")
@@ -399,6 +521,31 @@ class RecordErrorTests(RecordTestCase):
         self.assertIn("holds a perf.data already", result.stderr)
         self.assertIn("--force", result.stderr)
         self.assertEqual(os.listdir(self.out), ["perf.data"])
+
+
+class InjectTests(unittest.TestCase):
+    """perf inject --jit runs in the output directory, by names relative
+    to it; a fake perf that copies its input stands in."""
+
+    def test_inject_in_the_directory(self):
+        from perf_trampoline import _output, _record
+        with tempfile.TemporaryDirectory() as tmp:
+            perf = write_script(tmp, """\
+                #!/bin/sh
+                # inject --jit -i RAW -o DATA, in the current directory
+                [ "$1 $2 $3 $5" = "inject --jit -i -o" ] || exit 3
+                cp "$4" "$6"
+                """, "perf")
+            os.chmod(perf, 0o755)
+            out_path = os.path.join(tmp, "out")
+            with _output.OutputDir.open(out_path) as out:
+                with open(os.path.join(out_path, _record.RAW_NAME),
+                          "w") as f:
+                    f.write("recorded\n")
+                _record.inject(perf, out)
+            self.assertEqual(os.listdir(out_path), ["perf.data"])
+            with open(os.path.join(out_path, "perf.data")) as f:
+                self.assertEqual(f.read(), "recorded\n")
 
 
 @needs_host("perf")

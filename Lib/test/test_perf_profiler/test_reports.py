@@ -9,6 +9,7 @@ offline, and the boxes it draws are checked.
 import html.parser
 import json
 import os
+import pathlib
 import re
 import shutil
 import subprocess
@@ -18,10 +19,11 @@ import unittest
 import unittest.mock
 from typing import NamedTuple
 
-from perf_trampoline import _reports
+from perf_trampoline import _output, _reports
 from test.test_perf_profiler.util import (
-    TIMEOUT, ProfilerFiles, clean_env, needs_host, perf_record_works,
-    record_samples, skip_environment, tmp_files_lock, write_script)
+    CHAIN_SOURCE, TIMEOUT, ProfilerFiles, clean_env, needs_host,
+    perf_record_works, record_samples, skip_environment, tmp_files_lock,
+    write_script)
 
 EXE = "/opt/python/bin/python3.11"
 LIBC = "/usr/lib/x86_64-linux-gnu/libc.so.6"
@@ -185,7 +187,7 @@ class ParseTests(unittest.TestCase):
             with unittest.mock.patch.object(_reports, "TEMPLATE", missing):
                 with self.assertRaisesRegex(_reports.ReportError,
                                             "template is missing"):
-                    _reports.write_reports("perf", "perf.data", tmp)
+                    _reports.write_reports("perf", tmp)
             self.assertEqual(os.listdir(tmp), [])
 
     def test_perf_script_warnings_do_not_stop_it(self):
@@ -195,20 +197,17 @@ class ParseTests(unittest.TestCase):
         with tempfile.TemporaryDirectory() as tmp:
             perf = write_script(tmp, FAKE_PERF, "perf")
             os.chmod(perf, 0o755)
-            data = os.path.join(tmp, "perf.data")
-            open(data, "w").close()
-            workdir = os.path.join(tmp, "work")
-            os.mkdir(workdir)
-            stacks = _reports._Perf(perf, data, workdir).stacks()
+            open(os.path.join(tmp, "perf.data"), "w").close()
+            with _output.OutputDir.open(tmp) as out:
+                stacks = _reports._Perf(perf, out).stacks()
         self.assertEqual(stacks, {(("python (42)", ""),
                                    ("py::f:a.py", "/tmp/perf-42.map")): 1})
 
     def test_unwritable_output_is_a_report_error(self):
         with tempfile.NamedTemporaryFile() as f:
             with self.assertRaisesRegex(_reports.ReportError,
-                                        f"{f.name}/out: Not a directory"):
-                _reports.write_reports("perf", "perf.data",
-                                       os.path.join(f.name, "out"))
+                                        f"^{f.name}: Not a directory"):
+                _reports.write_reports("perf", os.path.join(f.name, "out"))
 
     def test_template_installed(self):
         # tools/fetch-flamegraph.sh put it there, checked.
@@ -271,13 +270,16 @@ class Box(NamedTuple):
 
 
 class FrameParser(html.parser.HTMLParser):
+    """The boxes of a page's DOM, and every element: (tag, attributes)."""
 
     def __init__(self):
         super().__init__()
         self.boxes = []
+        self.elements = []
 
     def handle_starttag(self, tag, attrs):
         attrs = dict(attrs)
+        self.elements.append((tag, attrs))
         if tag != "g" or "frame" not in (attrs.get("class") or "").split():
             return
         x, y = re.fullmatch(r"translate\(([^,]+),([^)]+)\)",
@@ -294,6 +296,15 @@ def parent(box, boxes):
                 and box.x + box.width <= other.x + other.width + 0.01):
             return other
     return None
+
+
+def record_tool(out, *args):
+    """python -m perf_trampoline record -o OUT ARGS, CompletedProcess."""
+    return subprocess.run(
+        [sys.executable, "-I", "-m", "perf_trampoline", "record", "-o",
+         out, *args],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env=clean_env(), timeout=TIMEOUT)
 
 
 def perf_version(perf):
@@ -326,23 +337,32 @@ class DrawingTestCase(unittest.TestCase):
     def frame(self, function, script=None):
         return f"py::{function}:{script or self.script}"
 
-    def draw(self, path):
-        """The frames headless Chromium draws for the page at `path`,
-        offline (every host name resolves to nothing)."""
+    def dump_dom(self, path, *options):
+        """The DOM of the page at `path` once headless Chromium has run
+        its scripts, offline (every host name resolves to nothing)."""
         profile = tempfile.mkdtemp(dir=self.tmpdir, prefix="chromium-")
         proc = subprocess.run(
             [self.chromium, "--headless", "--no-sandbox", "--disable-gpu",
              "--disable-dev-shm-usage", f"--user-data-dir={profile}",
              "--host-resolver-rules=MAP * ~NOTFOUND",
              "--window-size=2000,3000", "--virtual-time-budget=5000",
-             "--dump-dom", f"file://{path}"],
+             *options, "--dump-dom", f"file://{path}"],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
             errors="replace", timeout=TIMEOUT)
         self.assertEqual(proc.returncode, 0, proc.stderr[-2000:])
+        return proc.stdout
+
+    def render(self, path):
+        """The page at `path` as Chromium leaves it (a FrameParser)."""
         parser = FrameParser()
-        parser.feed(proc.stdout)
-        self.assertTrue(parser.boxes, f"no frame drawn: {proc.stdout[:2000]}")
-        return parser.boxes
+        parser.feed(self.dump_dom(path))
+        return parser
+
+    def draw(self, path):
+        """The frames headless Chromium draws for the page at `path`."""
+        boxes = self.render(path).boxes
+        self.assertTrue(boxes, f"no frame drawn in {path}")
+        return boxes
 
     def widest(self, boxes, name):
         matching = [box for box in boxes if box.name == name]
@@ -373,12 +393,15 @@ class RecordingReportTests(DrawingTestCase):
             cls.perfs.append(other)
         cls.reports = {}
         for number, perf in enumerate(cls.perfs):
+            # The reports go beside the recording.
             out = os.path.join(cls.tmpdir, f"reports-{number}")
+            os.mkdir(out)
+            os.link(os.path.join(cls.tmpdir, "perf.data"),
+                    os.path.join(out, "perf.data"))
             cls.reports[perf] = dict(
                 (os.path.basename(path) if path else "gecko.json",
                  (description, path))
-                for description, path in _reports.write_reports(
-                    perf, os.path.join(cls.tmpdir, "perf.data"), out))
+                for description, path in _reports.write_reports(perf, out))
 
     def test_python_view_nests_callee_in_caller(self):
         for perf in self.perfs:
@@ -443,10 +466,6 @@ class RecordingReportTests(DrawingTestCase):
                     f"no {function}...) in {path}")
 
 
-if __name__ == "__main__":
-    unittest.main()
-
-
 @needs_host("perf")
 class RecordToolReportTests(DrawingTestCase):
     """python -m perf_trampoline record, of a command and of a running
@@ -454,11 +473,7 @@ class RecordToolReportTests(DrawingTestCase):
     handle_request called by serve."""
 
     def record(self, out, *args):
-        proc = subprocess.run(
-            [sys.executable, "-I", "-m", "perf_trampoline", "record", "-o",
-             out, *args],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-            env=clean_env(), timeout=TIMEOUT)
+        proc = record_tool(out, *args)
         self.assertEqual(proc.returncode, 0, proc.stderr)
         return proc.stdout.splitlines()
 
@@ -488,3 +503,135 @@ class RecordToolReportTests(DrawingTestCase):
         proc.stdin.close()
         self.assertEqual(proc.wait(timeout=TIMEOUT), 0)
         self.check_python_view(printed, out, server)
+
+
+# A file name the profiled program chose: markup that runs script if a
+# page puts it in as markup, and marks the page's <body>.
+HOSTILE_FILE = ("</script><img src=x onerror=document.body.setAttribute("
+                "/data-pwned/.source,1)>")
+# Runs the chain, inner()'s code given the file name argv[1].
+HOSTILE_WORKLOAD = CHAIN_SOURCE + """
+import sys
+
+inner.__code__ = inner.__code__.replace(co_filename=sys.argv[1])
+for _ in range(4000):
+    outer()
+"""
+
+# Opens a report in a frame, waits until it is drawn, then does what a
+# reader does: points at the box whose name holds "data-pwned" (its
+# tooltip, the details line) and searches for it (the boxes it
+# highlights); writes what it read as JSON into <pre id="result">.
+PROBE = """\
+<!DOCTYPE html>
+<html><body>
+<pre id="result">not run</pre>
+<iframe id="report" src="{url}" width="1900" height="1500"></iframe>
+<script>
+const HIGHLIGHT = "#E600E6";
+const report = document.getElementById("report");
+report.addEventListener("load", () => setTimeout(probe, 2000));
+
+function probe() {{
+  const page = report.contentDocument;
+  const boxes = () => Array.from(page.querySelectorAll("g.frame"));
+  const result = {{}};
+  const box = boxes().find(
+    g => (g.getAttribute("name") || "").includes("data-pwned"));
+  if (box) {{
+    result.name = box.getAttribute("name");
+    result.tooltip = box.querySelector("title").textContent;
+    box.dispatchEvent(new MouseEvent("mouseover", {{bubbles: true}}));
+    result.details = page.getElementById("details").textContent;
+    box.dispatchEvent(new MouseEvent("mouseout", {{bubbles: true}}));
+    page.getElementById("search-input").value = "data-pwned";
+    page.getElementById("search-form").requestSubmit();
+    result.search = page.getElementById("details").textContent;
+    result.found = boxes()
+      .filter(g => g.querySelector("rect").getAttribute("fill") == HIGHLIGHT)
+      .map(g => g.getAttribute("name"));
+  }}
+  result.pwned = page.body.hasAttribute("data-pwned");
+  result.images = page.getElementsByTagName("img").length;
+  document.getElementById("result").textContent = JSON.stringify(result);
+}}
+</script>
+</body></html>
+"""
+
+
+class ResultParser(html.parser.HTMLParser):
+    """The text of <pre id="result">."""
+
+    def __init__(self):
+        super().__init__()
+        self.inside = False
+        self.text = ""
+
+    def handle_starttag(self, tag, attrs):
+        self.inside = tag == "pre" and ("id", "result") in attrs
+
+    def handle_endtag(self, tag):
+        self.inside = False
+
+    def handle_data(self, data):
+        if self.inside:
+            self.text += data
+
+
+@needs_host("perf")
+class HostileNameTests(DrawingTestCase):
+    """Both flame graphs of a recording whose names carry markup: opened
+    in Chromium, no script of theirs runs, and every name reads as the
+    program wrote it, in the boxes, their tooltips, the details line and
+    the search results."""
+
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        script = write_script(cls.tmpdir, HOSTILE_WORKLOAD, "hostile.py")
+        out = os.path.join(cls.tmpdir, "out")
+        proc = record_tool(out, "--", sys.executable, script, HOSTILE_FILE)
+        if proc.returncode != 0:
+            raise AssertionError(f"record failed: {proc.stderr}")
+        cls.name = f"py::inner:{HOSTILE_FILE}"
+        cls.pages = [os.path.join(out, name) for name in
+                     ("flamegraph.html", "flamegraph-python.html")]
+
+    def test_no_script_of_theirs_runs(self):
+        for path in self.pages:
+            with self.subTest(page=os.path.basename(path)):
+                page = self.render(path)
+                body = [attrs for tag, attrs in page.elements
+                        if tag == "body"]
+                self.assertEqual(len(body), 1)
+                self.assertNotIn("data-pwned", body[0])
+                self.assertNotIn("img", [tag for tag, _ in page.elements])
+                # Drawn, named exactly as the program wrote it.
+                self.widest(page.boxes, self.name)
+
+    def test_tooltip_details_and_search_read_the_name(self):
+        for path in self.pages:
+            with self.subTest(page=os.path.basename(path)):
+                probe = os.path.join(self.tmpdir, "probe.html")
+                with open(probe, "w", encoding="utf-8") as f:
+                    f.write(PROBE.format(url=html.escape(
+                        pathlib.Path(path).as_uri())))
+                # The probe reads the report's page: both are files.
+                dom = self.dump_dom(probe, "--allow-file-access-from-files")
+                parser = ResultParser()
+                parser.feed(dom)
+                result = json.loads(parser.text)
+                self.assertFalse(result["pwned"])
+                self.assertEqual(result["images"], 0)
+                self.assertEqual(result.get("name"), self.name, result)
+                self.assertTrue(result["tooltip"].startswith(
+                    f"{self.name} ("), result["tooltip"])
+                self.assertEqual(result["details"], result["tooltip"])
+                self.assertTrue(result["search"].startswith("search: "),
+                                result["search"])
+                self.assertEqual(set(result["found"]), {self.name})
+
+
+if __name__ == "__main__":
+    unittest.main()
