@@ -809,6 +809,30 @@ class DemoTests(unittest.TestCase):
         self.assertEqual(demo[:3], ["parse", "handle_request",
                                     "serve.<locals>.<listcomp>"], stack)
 
+class FiguresTests(unittest.TestCase):
+    """The documents' measured figures are bench/results.json's: the
+    tables make bench writes (bench/figures.py) match the file."""
+
+    def setUp(self):
+        sys.path.insert(0, os.path.join(ROOT, "bench"))
+        self.addCleanup(sys.path.remove, os.path.join(ROOT, "bench"))
+        import figures
+        self.figures = figures
+
+    def test_documents_match_the_results_file(self):
+        stale = self.figures.stale(self.figures.load())
+        self.assertEqual([os.path.relpath(p, ROOT) for p, _ in stale], [],
+                         "run: python3 bench/figures.py update")
+
+    def test_a_changed_figure_is_found(self):
+        figures = self.figures.load()
+        figures["attach_ms"] += 1
+        figures["ratios"]["3.12 on/off"]["workloads"]["fib"] += 0.5
+        stale = self.figures.stale(figures)
+        self.assertEqual(sorted(os.path.relpath(p, ROOT) for p, _ in stale),
+                         ["README.md", "bench/README.md"])
+
+
 class JUnitTests(unittest.TestCase):
     """Regrtest's JUnit file: a case run again (-w) counts once, with the
     outcome of its last run, and one that failed first is named."""
