@@ -12,7 +12,7 @@
 
 A generated table sits between `<!-- figures:NAME -->` and
 `<!-- /figures:NAME -->`; everything else in a document is left alone, and
-no document quotes a measured figure outside such a block.  make bench
+no document quotes a figure of make bench's outside such a block.  make bench
 runs collect and update; tools/test_tooling.py runs check.
 """
 
