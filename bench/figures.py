@@ -132,7 +132,8 @@ def readme_costs(f):
          "+%d B / +%d B" % (mem["perf"], mem["perf_jit"]), "", ""],
         ["`perf_trampoline attach`, median", "%d ms" % f["attach_ms"], "", ""],
     ]
-    out = ["| | ours | upstream 3.12 | upstream 3.13 |",
+    out = ["%s, %s, %d runs:" % (f["date"], f["machine"], f["runs"]), "",
+           "| | ours | upstream 3.12 | upstream 3.13 |",
            "| --- | --- | --- | --- |"]
     out += ["| " + " | ".join(row) + " |" for row in rows]
     return out
