@@ -61,7 +61,7 @@ DEBIAN_TREE := build/cpython-debian
 # (tools/build-aarch64.sh).
 AARCH64_TREE := build/cpython-aarch64
 
-.PHONY: all build deps deps-test deps-jit tree export dist install test test-fresh demo demo-jit nofp release release-nofp bench clean help
+.PHONY: all build deps deps-test deps-jit tree export dist install test test-fresh demo demo-jit picture nofp release release-nofp bench clean help
 .PHONY: deps-debian debian install-debian test-debian
 .PHONY: deps-aarch64 aarch64 test-aarch64 test-release deb test-deb deb-fresh
 
@@ -73,6 +73,7 @@ help:
 	@echo "make test-fresh make demo and make test in a clean Debian 12 root (debootstrap)"
 	@echo "make demo       profile examples/demo.py under perf and show Python frames"
 	@echo "make demo-jit   the same with -X perf_jit on a build without frame pointers"
+	@echo "make picture    remake the README's flame graph, examples/flamegraph.png (needs chromium)"
 	@echo "make bench      benchmarks: ours and its release build (perf off/on) vs stock 3.11.2, Debian's python3.11, upstream"
 	@echo "make tree       (re)assemble $(TREE) from the pristine source + overlay + patches"
 	@echo "make export     write edits in $(TREE) back to the overlay and patches/"
@@ -213,6 +214,10 @@ demo: build
 
 demo-jit: nofp
 	@TREE=$(NOFP_TREE) tools/demo-jit.sh
+
+# The README's picture, examples/flamegraph.png, from a record run of the demo.
+picture: build
+	@tools/picture.sh
 
 # BENCH_RUNS=N (repetitions), BENCH_FILTER=fib,json (workloads),
 # BENCH_UPSTREAM="py1 py2" (upstream interpreters; default: pyenv 3.12/3.13).

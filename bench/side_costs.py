@@ -18,8 +18,9 @@ busy process, ATTACHES times; reported: the median wall time of an
 attach, from starting the tool until it has said the process switched
 (interpreter start-up included).
 
-Usage: side_costs.py PYTHON [PYTHON_ARGS...] (prints Markdown tables);
-each measurement runs RUNS times and the minimum is kept.
+Usage: side_costs.py [--json PATH] PYTHON [PYTHON_ARGS...] (prints Markdown
+tables; --json also writes the figures there, for bench/figures.py); each
+measurement runs RUNS times and the minimum is kept.
 """
 
 import json
@@ -213,16 +214,24 @@ def table(rows):
 
 
 def main():
-    if len(sys.argv) < 2:
+    args = sys.argv[1:]
+    json_path = None
+    if args[:1] == ["--json"] and len(args) > 1:
+        json_path, args = args[1], args[2:]
+    if not args:
         sys.exit(__doc__)
-    rows = measure(sys.argv[1:])
+    rows = measure(args)
     print(f"{FUNCTIONS} functions called once; fork: {CHILDREN} children "
           f"of a parent with {CHILD_MAP_LINES} functions; min of {RUNS} "
           f"runs")
     print(table(rows))
     print()
+    attach = attach_ms(args)
     print(f"| attach to a busy process (median of {ATTACHES}, with the "
-          f"tool's start-up) |\n|---|\n| {attach_ms(sys.argv[1:]):.1f} ms |")
+          f"tool's start-up) |\n|---|\n| {attach:.1f} ms |")
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump({"rows": rows, "attach_ms": attach}, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -3,7 +3,9 @@
 # bench/ workloads on stock, ours (perf off and -X perf) and upstream
 # 3.12/3.13 when present, and the python3.11 of make deb's packages when
 # built (unpacked into build/deb/root), then memory per code object and the cost of fork
-# (bench/side_costs.py).  Prints the tables; writes build/bench/results.json.
+# (bench/side_costs.py).  Prints the tables; writes every run's figures to
+# build/bench/, then the ones the documents quote to bench/results.json and
+# the documents' tables from it (bench/figures.py).
 # Variables: BENCH_RUNS, BENCH_FILTER, BENCH_UPSTREAM (see bench/README.md).
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
@@ -27,6 +29,13 @@ fi
 # The driver is plain Python 3; any python3 will do, ours as a fallback.
 driver=$(command -v python3 || echo "$PYTHON")
 "$driver" "$ROOT/bench/run_bench.py" \
-    --ours "$PYTHON" --stock "$ROOT/build/cpython-stock/python" "$@"
+    --ours "$PYTHON" --stock "$ROOT/build/cpython-stock/python" \
+    --json "$ROOT/build/bench/results.json" "$@"
 echo
-"$driver" "$ROOT/bench/side_costs.py" "$PYTHON"
+"$driver" "$ROOT/bench/side_costs.py" --json "$ROOT/build/bench/side_costs.json" "$PYTHON"
+# Only a whole run replaces the figures the documents quote.
+if [ -z "${BENCH_FILTER:-}" ]; then
+    "$driver" "$ROOT/bench/figures.py" collect \
+        "$ROOT/build/bench/results.json" "$ROOT/build/bench/side_costs.json"
+    "$driver" "$ROOT/bench/figures.py" update
+fi

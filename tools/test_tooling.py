@@ -809,6 +809,61 @@ class DemoTests(unittest.TestCase):
         self.assertEqual(demo[:3], ["parse", "handle_request",
                                     "serve.<locals>.<listcomp>"], stack)
 
+class FiguresTests(unittest.TestCase):
+    """The documents' measured figures are bench/results.json's: the
+    tables make bench writes (bench/figures.py) match the file."""
+
+    def setUp(self):
+        sys.path.insert(0, os.path.join(ROOT, "bench"))
+        self.addCleanup(sys.path.remove, os.path.join(ROOT, "bench"))
+        import figures
+        self.figures = figures
+
+    def test_documents_match_the_results_file(self):
+        stale = self.figures.stale(self.figures.load())
+        self.assertEqual([os.path.relpath(p, ROOT) for p, _ in stale], [],
+                         "run: python3 bench/figures.py update")
+
+    def test_collect_keeps_what_the_documents_quote(self):
+        # A make bench run holding the file's own figures collects to the
+        # same file.
+        want = self.figures.load()
+        workloads = {}
+        for name, r in want["ratios"].items():
+            for w, value in r["workloads"].items():
+                entry = workloads.setdefault(w, {
+                    "category": "call-heavy" if w in want["call_heavy"]
+                    else "other", "ratios": {}})
+                entry["ratios"][name] = {"min": value, "paired": value}
+        workloads["codeobjects"]["perf_cost_per_unit_us"] = \
+            want["per_code_object_us"]
+        run = {"date": want["date"] + "T01:02:03", "runs": want["runs"],
+               "metric": want["metric"], "errors": [],
+               "machine": {"cpus": 2, "cpu": "AMD EPYC"},
+               "workloads": workloads,
+               "geomeans": {name: {"all": {"min": r["geomean"]},
+                                   "call-heavy":
+                                       {"min": r["geomean call-heavy"]}}
+                            for name, r in want["ratios"].items()}}
+        memory = {"-X perf": 1000 + want["memory_per_code_object_bytes"]
+                  ["perf"], "-X perf_jit": 1000 +
+                  want["memory_per_code_object_bytes"]["perf_jit"]}
+        side = {"attach_ms": want["attach_ms"],
+                "rows": {name: {"memory": memory.get(name, 1000),
+                                "fork_ms": r["fork_ms"],
+                                "tmp": r["tmp_kib"] * 1024}
+                         for name, r in want["fork"].items()}}
+        self.assertEqual(self.figures.collect(run, side), want)
+
+    def test_a_changed_figure_is_found(self):
+        figures = self.figures.load()
+        figures["attach_ms"] += 1
+        figures["ratios"]["3.12 on/off"]["workloads"]["fib"] += 0.5
+        stale = self.figures.stale(figures)
+        self.assertEqual(sorted(os.path.relpath(p, ROOT) for p, _ in stale),
+                         ["README.md", "bench/README.md"])
+
+
 class JUnitTests(unittest.TestCase):
     """Regrtest's JUnit file: a case run again (-w) counts once, with the
     outcome of its last run, and one that failed first is named."""
