@@ -107,6 +107,11 @@
    program, whose Python-to-Python calls otherwise need no C stack. */
 #define STACK_BUDGET_DIVISOR 4
 
+/* The extension (PY_PERF_EXTENSION) refuses new frames within this many
+   bytes of the bottom of a thread's C stack, at most a quarter of it: room
+   to raise RecursionError, unwind and report it. */
+#define STACK_RESERVE (64 * 1024)
+
 /* Where the template has BTI landing pads, ask for them to be enforced in
    the arenas as they are in the interpreter's own text (a kernel without
    BTI support refuses PROT_BTI with EINVAL: the arena then goes without). */
@@ -466,6 +471,11 @@ PyObject *
 _PyPerf_EvalFrame(PyThreadState *tstate, _PyInterpreterFrame *frame,
                   int throwflag)
 {
+#ifdef PY_PERF_EXTENSION
+    if (_PyPerf_StackExhausted(tstate)) {
+        return NULL;
+    }
+#endif
     _PyPerf_Trampoline t = _PyPerf_MainTrampoline(tstate->interp,
                                                   frame->f_code);
     if (t == NULL) {
@@ -527,6 +537,11 @@ PyObject *
 _PyPerf_EvalFrameChained(PyThreadState *tstate, _PyInterpreterFrame *frame,
                          int throwflag)
 {
+#ifdef PY_PERF_EXTENSION
+    if (_PyPerf_StackExhausted(tstate)) {
+        return NULL;
+    }
+#endif
     perf_interp *pi = find_interp(tstate->interp);
     _PyFrameEvalFunction next = _PyEval_EvalFrameDefault;
     if (pi != NULL && pi->chained != NULL) {
@@ -700,8 +715,37 @@ find_stack(uintptr_t sp)
     }
     /* The stack grows down from high. */
     _PyPerf_stack.high = high;
+    _PyPerf_stack.low = low;
+#ifdef PY_PERF_EXTENSION
+    /* No fast path: limit is where the guard starts refusing frames. */
+    _PyPerf_stack.limit = low + Py_MIN(STACK_RESERVE, (high - low) / 4);
+#else
     _PyPerf_stack.limit = high - (high - low) / STACK_BUDGET_DIVISOR;
+#endif
 }
+
+#ifdef PY_PERF_EXTENSION
+/* Set RecursionError and return 1 if the C stack of this thread is down
+   to its reserve.  A stack that is not the thread's own (a fiber's), or
+   not found, is left unguarded, as it is without the extension. */
+int
+_PyPerf_StackExhausted(PyThreadState *tstate)
+{
+    char here;
+    uintptr_t sp = (uintptr_t)&here;
+    if (!_PyPerf_stack.known) {
+        find_stack(sp);
+    }
+    if (sp >= _PyPerf_stack.limit || sp < _PyPerf_stack.low) {
+        return 0;
+    }
+    PyErr_SetString(PyExc_RecursionError,
+                    "maximum recursion depth exceeded: the C stack is "
+                    "exhausted (perf trampolines make every Python call "
+                    "a C call)");
+    return 1;
+}
+#endif
 
 _PyPerf_Trampoline
 _PyPerf_ForCallSlow(PyThreadState *tstate, PyCodeObject *co, uintptr_t sp)
@@ -1158,8 +1202,10 @@ _PyPerf_RemoteControl _PyPerf_remote = {
     .version = _PyPerf_REMOTE_VERSION,
 };
 
+#ifndef PY_PERF_EXTENSION
 /* ----------------------------------------------------------------------
- * Startup: the configuration's switches (Python/initconfig.c reads them)
+ * Startup: the configuration's switches (Python/initconfig.c reads them;
+ * the extension is switched on from Python instead)
  */
 
 PyStatus
@@ -1214,3 +1260,4 @@ _PyPerf_InitFromConfig(PyThreadState *tstate)
 #endif
     return _PyStatus_OK();
 }
+#endif  /* !PY_PERF_EXTENSION */

@@ -24,6 +24,9 @@ extern "C" {
  *                                the DWARF it is written in
  *   Python/perf_files.c          profiler files in /tmp, safely
  *   Python/asm_trampoline.S      the template every trampoline copies
+ *   ext/perftramp311/_core.c     the same files as an extension module
+ *                                for a stock 3.11.x (PY_PERF_EXTENSION):
+ *                                it stands in for the interpreter's side
  *
  * The backends and the gdb registration depend on the core's interface
  * below and on the two helper files, never on each other.
@@ -31,6 +34,15 @@ extern "C" {
 
 #include "pycore_code.h"          // _PyCodeObjectExtra
 #include "pycore_interp.h"        // PyInterpreterState.eval_frame
+
+#ifdef PY_PERF_EXTENSION
+/* A stock 3.11 keeps this in Objects/codeobject.c; the extension checks
+   this copy of its layout against the running interpreter at import. */
+typedef struct {
+    Py_ssize_t ce_size;
+    void *ce_extras[1];
+} _PyCodeObjectExtra;
+#endif
 
 
 /* ---- The template (Python/asm_trampoline.S) ---------------------------- */
@@ -221,12 +233,13 @@ extern void _PyPerf_AtExit(void);
 typedef struct {
     uintptr_t limit;
     uintptr_t high;
+    uintptr_t low;              /* the lowest address the stack may reach */
     int known;
 } _PyPerf_Stack;
 
 /* initial-exec TLS needs no call to reach, but a library loaded with
    dlopen() may find no room for it: only the executable gets it. */
-#ifdef Py_ENABLE_SHARED
+#if defined(Py_ENABLE_SHARED) || defined(PY_PERF_EXTENSION)
 #  define _PyPerf_TLS _Thread_local
 #else
 #  define _PyPerf_TLS _Thread_local __attribute__((tls_model("initial-exec")))
@@ -235,6 +248,12 @@ extern _PyPerf_TLS _PyPerf_Stack _PyPerf_stack;
 
 extern PyObject *_PyPerf_EvalFrame(
     PyThreadState *tstate, struct _PyInterpreterFrame *frame, int throwflag);
+#ifdef PY_PERF_EXTENSION
+/* A stock evaluator makes every Python call a C call while a hook is
+   installed: the hook refuses a frame with RecursionError where the
+   thread's C stack runs out (see find_stack()). */
+extern int _PyPerf_StackExhausted(PyThreadState *tstate);
+#endif
 /* The hook while another PEP 523 function is chained behind ours. */
 extern PyObject *_PyPerf_EvalFrameChained(
     PyThreadState *tstate, struct _PyInterpreterFrame *frame, int throwflag);
