@@ -64,6 +64,7 @@ AARCH64_TREE := build/cpython-aarch64
 .PHONY: all build deps deps-test deps-jit tree export dist install test test-fresh demo demo-jit picture nofp release release-nofp bench clean help
 .PHONY: deps-debian debian install-debian test-debian
 .PHONY: deps-aarch64 aarch64 test-aarch64 test-release deb test-deb deb-fresh
+.PHONY: ext ext-stage
 
 all: build
 
@@ -90,6 +91,8 @@ help:
 	@echo "make test-deb   install build/deb/*.deb over Debian's in a clean Debian 12 root, check, go back"
 	@echo "make aarch64    cross-build $(AARCH64_TREE) for arm64 (runs under qemu-user)"
 	@echo "make test-aarch64   our tests with the arm64 build under qemu-user"
+	@echo "make ext        perftramp311 (ext/) for stock 3.11: venvs and wheels in build/ext/"
+	@echo "make ext-stage  copy the shared C sources into ext/shared/ (a standalone ext/)"
 	@echo "make deps       install the missing Debian packages building and using it need (as root)"
 	@echo "make deps-test  ... and those the tests need (the test targets run it)"
 	@echo "make clean      remove build/"
@@ -101,6 +104,16 @@ deps:
 
 deps-test: deps
 	@tools/install-deps.sh test
+
+# perftramp311, the extension giving stock 3.11.x the same trampolines
+# (ext/): built and installed by pip, offline, for Debian's python3.11
+# and pyenv's 3.11.x (tools/ext.sh); its tests run in make test.
+ext: deps
+	@tools/install-deps.sh ext
+	@tools/ext.sh
+
+ext-stage:
+	@tools/ext.sh stage-shared $(CURDIR)/ext/shared
 
 # A private perf >= 6.8 (Debian 12: from bookworm-backports) for perf
 # inject --jit, in build/perf/.
@@ -174,9 +187,9 @@ endif
 # with the release's frame records (the development build has them in
 # every function): the tests run on both kinds.
 test test-debian: RELEASE_FLAGS :=
-test: deps-test build nofp debian $(TEST_AARCH64)
+test: deps-test build nofp debian ext $(TEST_AARCH64)
 	@PERF_NOFP_PYTHON=$(NOFP_PYTHON) tools/run-tests.sh --tree $(TREE) \
-		--tree $(DEBIAN_TREE) $(TEST_QEMU)
+		--tree $(DEBIAN_TREE) $(TEST_QEMU) --ext
 
 test-debian: deps-test nofp debian
 	@PERF_NOFP_PYTHON=$(NOFP_PYTHON) tools/run-tests.sh --no-tooling \

@@ -11,6 +11,8 @@
 #                                  tests), bpftrace, Debian's compiled
 #                                  extensions
 #   tools/install-deps.sh bench    ... plus hyperfine (kept for manual use)
+#   tools/install-deps.sh ext      ... plus what building perftramp311 (ext/)
+#                                  for Debian's python3.11 takes (make ext)
 #   tools/install-deps.sh jit      ... plus a private perf >= 6.8 (below)
 #   tools/install-deps.sh debian   ... plus what make debian's configuration
 #                                  (Debian's own) uses beyond ours
@@ -46,10 +48,13 @@ PACKAGES=(build-essential pkg-config autoconf2.69 git patch libffi-dev zlib1g-de
           systemtap-sdt-dev linux-perf binutils gdb)
 # The arm64 cross compiler and the emulator that runs its output.
 CROSS_PACKAGES=(gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user-static)
+# perftramp311 built and installed as a Debian user would: headers, a venv
+# with Debian's pip, setuptools and wheel (tools/ext.sh).
+EXT_PACKAGES=(python3.11-dev python3-venv python3-setuptools python3-wheel)
 MODE=${1:-}
 case $MODE in
 "" | jit) ;;
-test) PACKAGES+=("${CROSS_PACKAGES[@]}"
+test) PACKAGES+=("${CROSS_PACKAGES[@]}" "${EXT_PACKAGES[@]}"
                  # test_probes: a bpftrace one-liner on the probes under -X perf
                  bpftrace
                  # Debian's compiled extensions, run by test_extensions
@@ -59,6 +64,7 @@ test) PACKAGES+=("${CROSS_PACKAGES[@]}"
                  # test_reports opens the flame graphs in a headless browser
                  chromium) ;;
 bench) PACKAGES+=(hyperfine) ;;
+ext) PACKAGES+=("${EXT_PACKAGES[@]}") ;;
 # dpkg-buildflags, the system expat, Berkeley DB for dbm (Debian's
 # --with-dbmliborder=bdb:gdbm), xz for Debian's tarball.
 debian) PACKAGES+=(dpkg-dev libexpat1-dev libdb-dev xz-utils) ;;
@@ -66,7 +72,7 @@ fresh) PACKAGES=(debootstrap git) ;;
 deb) PACKAGES=(dpkg-dev fakeroot) ;;
 # gdb for a remote aarch64 target (qemu's gdbstub), test_unwind.
 aarch64) PACKAGES+=("${CROSS_PACKAGES[@]}" gdb-multiarch) ;;
-*) echo "install-deps: unknown mode '$MODE' (expected: test, bench, jit, debian, aarch64, fresh, deb)" >&2
+*) echo "install-deps: unknown mode '$MODE' (expected: test, bench, ext, jit, debian, aarch64, fresh, deb)" >&2
    exit 2 ;;
 esac
 # npm fetches the flame graph template for every tree

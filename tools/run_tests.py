@@ -16,6 +16,11 @@ each class- or module-level skip or error, with its reason.  The package
 being skipped as a whole (a build without the feature) is a failure,
 unless the build was configured --disable-perf-trampoline on purpose.
 
+perftramp311, the extension for stock 3.11.x (ext/), is tested with
+--ext: ext/tests with the interpreter of every venv make ext built
+(build/ext/venv-*: Debian's python3.11, pyenv's 3.11.x where present),
+counted the same way.  A missing Debian venv is a failure.
+
 CPython's own tests run with its runner (python -m test), which reports
 modules, not cases, so we ask it for a JUnit XML file and count the cases
 in it.  A test module that crashed or failed to load shows up as a
@@ -121,16 +126,19 @@ def feature_disabled_on_purpose(tree):
     return "--disable-perf-trampoline" in args.stdout
 
 
-def run_unit_module(python, module, log_dir, qemu):
+def run_unit_module(python, module, log_dir, qemu, env_extra=None,
+                    label=None):
     """Run one test module with the interpreter under test through
-    unit_counts.py; return (module, outcomes, log path, exit status)."""
-    out = os.path.join(log_dir, module + ".json")
-    log = os.path.join(log_dir, module + ".log")
+    unit_counts.py; return (label, outcomes, log path, exit status).
+    `label` (default: the module) names the logs."""
+    label = label or module
+    out = os.path.join(log_dir, label + ".json")
+    log = os.path.join(log_dir, label + ".log")
     try:
         os.unlink(out)          # never read an earlier run's counts
     except FileNotFoundError:
         pass
-    env = tooling.clean_environment()
+    env = tooling.clean_environment(env_extra)
     if qemu:
         env["PERF_TESTS_QEMU"] = os.path.join(os.path.dirname(python),
                                               "run-qemu")
@@ -148,7 +156,7 @@ def run_unit_module(python, module, log_dir, qemu):
         outcomes = {"passed": [], "skipped": [],
                     "failed": [[module, f"runner exited {proc.returncode} "
                                 f"without counts (log: {log})"]]}
-    return module, outcomes, log, proc.returncode
+    return label, outcomes, log, proc.returncode
 
 
 def our_modules(tree):
@@ -168,31 +176,65 @@ def run_unit_tests(tree, modules, log_dir, qemu=False):
         for module, outcomes, log, status in pool.map(
                 lambda m: run_unit_module(python, m, log_dir, qemu),
                 modules):
-            passed = outcomes["passed"]
-            failed = outcomes["failed"]
-            skipped = outcomes["skipped"]
-            if outcomes.get("module_skipped"):
-                if feature_disabled_on_purpose(tree):
-                    print(f"run-tests: {module} skipped: this build was "
-                          "configured --disable-perf-trampoline")
-                else:
-                    failed, skipped = skipped, []
-            left_out = outcomes.get("left_out", [])
-            print(f"run-tests: {module}: {len(passed)} passed, "
-                  f"{len(failed)} failed, {len(skipped)} skipped"
-                  f"{f', {len(left_out)} left out' if left_out else ''} "
-                  f"(log: {log})", flush=True)
-            for test_id, why in skipped:
-                print(f"run-tests:   skipped {test_id}: {why}")
-            for test_id, why in failed:
-                print(f"run-tests:   FAILED {test_id}: {why}")
-            if failed or status != 0:
-                with open(log, errors="backslashreplace") as f:
-                    sys.stdout.write(f.read())
-            if status != 0 and not failed:
-                failed = [[module, f"exited {status}"]]
-            counts = (len(passed), len(failed), len(skipped))
+            if (outcomes.get("module_skipped")
+                    and not feature_disabled_on_purpose(tree)):
+                outcomes["failed"], outcomes["skipped"] = (
+                    outcomes["skipped"], [])
+            elif outcomes.get("module_skipped"):
+                print(f"run-tests: {module} skipped: this build was "
+                      "configured --disable-perf-trampoline")
+            counts = report_unit(module, outcomes, log, status)
             totals = [a + b for a, b in zip(totals, counts)]
+    return totals
+
+
+def report_unit(label, outcomes, log, status):
+    """Print one module's outcomes (its log too if it failed); return its
+    counts."""
+    passed = outcomes["passed"]
+    failed = outcomes["failed"]
+    skipped = outcomes["skipped"]
+    left_out = outcomes.get("left_out", [])
+    print(f"run-tests: {label}: {len(passed)} passed, "
+          f"{len(failed)} failed, {len(skipped)} skipped"
+          f"{f', {len(left_out)} left out' if left_out else ''} "
+          f"(log: {log})", flush=True)
+    for test_id, why in skipped:
+        print(f"run-tests:   skipped {test_id}: {why}")
+    for test_id, why in failed:
+        print(f"run-tests:   FAILED {test_id}: {why}")
+    if failed or status != 0:
+        with open(log, errors="backslashreplace") as f:
+            sys.stdout.write(f.read())
+    if status != 0 and not failed:
+        failed = [[label, f"exited {status}"]]
+    return len(passed), len(failed), len(skipped)
+
+
+def run_ext_tests(patched_tree):
+    """ext/tests with every venv of build/ext (tools/ext.sh); return the
+    counts.  The patched interpreter of `patched_tree` is the one on
+    which the package must leave the built-in feature in charge."""
+    ext_dir = os.path.join(ROOT, "build", "ext")
+    venvs = sorted(name for name in (os.listdir(ext_dir)
+                                     if os.path.isdir(ext_dir) else [])
+                   if name.startswith("venv-"))
+    totals = [0, 0, 0]
+    if "venv-debian" not in venvs:
+        print("run-tests: FAILED perftramp311: not built for Debian's "
+              "python3.11 (make ext)", flush=True)
+        totals[1] += 1
+    log_dir = os.path.join(ROOT, "build", "test-logs", "ext")
+    os.makedirs(log_dir, exist_ok=True)
+    env_extra = {
+        "PYTHONPATH": os.path.join(ROOT, "ext", "tests"),
+        "PERFTRAMP311_PATCHED_PYTHON": os.path.join(patched_tree, "python")}
+    for venv in venvs:
+        python = os.path.join(ext_dir, venv, "bin", "python")
+        counts = report_unit(*run_unit_module(
+            python, "test_perftramp311", log_dir, False, env_extra,
+            label=f"perftramp311-{venv}"))
+        totals = [a + b for a, b in zip(totals, counts)]
     return totals
 
 
@@ -250,6 +292,9 @@ def main():
     parser.add_argument("--no-tooling", action="store_true",
                         help="leave out the tooling tests (they check the "
                         "repository's tools, not an interpreter)")
+    parser.add_argument("--ext", action="store_true",
+                        help="also test perftramp311 with every venv of "
+                        "build/ext (make ext)")
     options, regrtest_args = parser.parse_known_args()
     trees = [os.path.abspath(t) for t in options.tree]
     if not trees and not options.qemu:
@@ -276,6 +321,9 @@ def main():
         totals = [a + b for a, b in zip(totals, counts)]
     for tree in options.qemu:
         counts = run_qemu_tree(os.path.abspath(tree))
+        totals = [a + b for a, b in zip(totals, counts)]
+    if options.ext:
+        counts = run_ext_tests(trees[0] if trees else TREE)
         totals = [a + b for a, b in zip(totals, counts)]
     removed = tooling.remove_new_profiler_files(before)
     print(f"run-tests: removed {removed} profiler files left in /tmp")

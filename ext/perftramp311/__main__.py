@@ -5,6 +5,7 @@ python3.11 -m perftramp311 --status
 Runs the program with perf trampolines switched on, as the interpreter
 would run it."""
 
+import os
 import runpy
 import sys
 
@@ -34,11 +35,13 @@ def main(argv):
         perftramp311.activate(backend)
         runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
     else:
+        # As the interpreter runs a script: its directory first on the
+        # path, its code named by its absolute path.
+        path = os.path.abspath(argv[0])
         sys.argv = argv
-        sys.path[0] = __import__("os").path.dirname(
-            __import__("os").path.abspath(argv[0]))
+        sys.path[0] = os.path.dirname(path)
         perftramp311.activate(backend)
-        runpy.run_path(argv[0], run_name="__main__")
+        runpy.run_path(path, run_name="__main__")
     return 0
 
 
