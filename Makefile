@@ -234,7 +234,7 @@ picture: build
 
 # BENCH_RUNS=N (repetitions), BENCH_FILTER=fib,json (workloads),
 # BENCH_UPSTREAM="py1 py2" (upstream interpreters; default: pyenv 3.12/3.13).
-bench: build release
+bench: build release ext
 	@BASE_FLAGS="$(BASE_FLAGS)" tools/bench.sh
 
 # --one-file-system: never into a fresh root's /dev or /sys that an

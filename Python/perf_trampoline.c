@@ -725,6 +725,35 @@ find_stack(uintptr_t sp)
 }
 
 #ifdef PY_PERF_EXTENSION
+/* The C stack guard of the thread that ran last: a dlopen()ed module
+   reaches its TLS through a call, which would cost more than the rest of
+   the check on every Python call.  The GIL makes this one thread's at a
+   time; tstate->id is never reused by another thread. */
+static struct {
+    uint64_t thread;            /* tstate->id, 0: none */
+    uintptr_t limit;
+    uintptr_t low;
+} stack_guard;
+
+static Py_NO_INLINE int
+stack_exhausted_slow(PyThreadState *tstate, uintptr_t sp)
+{
+    if (!_PyPerf_stack.known) {
+        find_stack(sp);
+    }
+    stack_guard.thread = tstate->id;
+    stack_guard.limit = _PyPerf_stack.limit;
+    stack_guard.low = _PyPerf_stack.low;
+    if (sp >= stack_guard.limit || sp < stack_guard.low) {
+        return 0;
+    }
+    PyErr_SetString(PyExc_RecursionError,
+                    "maximum recursion depth exceeded: the C stack is "
+                    "exhausted (perf trampolines make every Python call "
+                    "a C call)");
+    return 1;
+}
+
 /* Set RecursionError and return 1 if the C stack of this thread is down
    to its reserve.  A stack that is not the thread's own (a fiber's), or
    not found, is left unguarded, as it is without the extension. */
@@ -733,17 +762,12 @@ _PyPerf_StackExhausted(PyThreadState *tstate)
 {
     char here;
     uintptr_t sp = (uintptr_t)&here;
-    if (!_PyPerf_stack.known) {
-        find_stack(sp);
-    }
-    if (sp >= _PyPerf_stack.limit || sp < _PyPerf_stack.low) {
+    if (tstate->id == stack_guard.thread
+        && (sp >= stack_guard.limit || sp < stack_guard.low))
+    {
         return 0;
     }
-    PyErr_SetString(PyExc_RecursionError,
-                    "maximum recursion depth exceeded: the C stack is "
-                    "exhausted (perf trampolines make every Python call "
-                    "a C call)");
-    return 1;
+    return stack_exhausted_slow(tstate, sp);
 }
 #endif
 

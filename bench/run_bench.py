@@ -50,6 +50,10 @@ Environment (or the matching command line options):
     BENCH_RELEASE_NOFP  the same without frame pointers, measured with perf
                     off: what frame pointers cost on their own (default
                     build/cpython-release-nofp/python when built)
+    BENCH_EXT       a stock python3.11 with perftramp311 installed, measured
+                    with perf off and switched on by python -m perftramp311
+                    (default build/ext/venv-debian/bin/python, Debian's
+                    python3.11 in make ext's venv, when built; empty: none)
     BENCH_PACKAGED  the /usr/bin/python3.11 of make deb's packages, our
                     patch in Debian's own build (default
                     build/deb/root/usr/bin/python3.11, where tools/bench.sh
@@ -68,6 +72,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 
 import harness
@@ -128,15 +133,18 @@ def run_python(argv, timeout):
 class Config:
     """One interpreter with one set of options: a column of the results."""
 
-    def __init__(self, key, group, python, perf, version):
+    def __init__(self, key, group, python, perf, version,
+                 perf_args=("-X", "perf")):
         self.key = key              # e.g. "ours-on", "3.12-off"
         self.group = group          # "stock", "ours", "3.12", ...
         self.python = python
         self.perf = perf
         self.version = version
+        self.perf_args = list(perf_args)    # what switches perf on
 
     def argv(self, script):
-        return [self.python] + (["-X", "perf"] if self.perf else []) + [script]
+        return ([self.python] + (self.perf_args if self.perf else [])
+                + [script])
 
 
 # A tree being rebuilt has a working ./python some time before its shared
@@ -170,6 +178,20 @@ def wait_until_runs(python, label, patient):
 def perf_works(python):
     code = "import sys; print(sys.is_stack_trampoline_active())"
     rc, out, _ = run_python([python, "-X", "perf", "-c", code], 60)
+    return rc == 0 and out.strip() == "True"
+
+
+# The extension's runner switches it on before the script runs (the
+# jitdump backend, its default: what a stock build without frame pointers
+# is profiled with).
+EXT_PERF_ARGS = ("-m", "perftramp311")
+
+
+def ext_works(python):
+    with tempfile.NamedTemporaryFile("w", suffix=".py") as probe:
+        probe.write("import perftramp311; print(perftramp311.is_active())\n")
+        probe.flush()
+        rc, out, _ = run_python([python, *EXT_PERF_ARGS, probe.name], 60)
     return rc == 0 and out.strip() == "True"
 
 
@@ -232,6 +254,14 @@ def make_configs(args):
                               False, version))
         configs.append(Config("packaged-on", "packaged", args.packaged,
                               True, version))
+    if args.ext:
+        version = wait_until_runs(args.ext, "ext", patient=False)
+        if not ext_works(args.ext):
+            raise RuntimeError("%s -m perftramp311 does not activate the "
+                               "trampolines" % args.ext)
+        configs.append(Config("ext-off", "ext", args.ext, False, version))
+        configs.append(Config("ext-on", "ext", args.ext, True, version,
+                              EXT_PERF_ARGS))
     if args.release_nofp:
         version = wait_until_runs(args.release_nofp, "release-nofp",
                                   patient=True)
@@ -631,6 +661,10 @@ def parse_args():
                    help="make deb's python3.11, unpacked (default: "
                    "build/deb/root/usr/bin/python3.11 when there; empty: "
                    "none)")
+    p.add_argument("--ext", default=env.get("BENCH_EXT"),
+                   help="a stock python3.11 with perftramp311 (default: "
+                   "build/ext/venv-debian/bin/python when built; empty: "
+                   "none)")
     p.add_argument("--upstream", default=env.get("BENCH_UPSTREAM"),
                    help="space-separated interpreters "
                    "(default: pyenv 3.12/3.13)")
@@ -651,7 +685,8 @@ def parse_args():
     for name, built in (
             ("release", "cpython-release/python"),
             ("release_nofp", "cpython-release-nofp/python"),
-            ("packaged", "deb/root/usr/bin/python3.11")):
+            ("packaged", "deb/root/usr/bin/python3.11"),
+            ("ext", "ext/venv-debian/bin/python")):
         built = os.path.join(ROOT, "build", built)
         if getattr(args, name) is None and os.path.exists(built):
             setattr(args, name, built)

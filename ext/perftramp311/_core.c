@@ -235,6 +235,15 @@ core_check(PyObject *module, PyObject *func)
     Py_RETURN_NONE;
 }
 
+/* The probe above is an ordinary pass-through PEP 523 function: the tests
+   install it with ctypes as "another evaluator" (chained before, replacing
+   ours after activate()). */
+static PyObject *
+core_probe_address(PyObject *module, PyObject *Py_UNUSED(ignored))
+{
+    return PyLong_FromVoidPtr((void *)probe_eval);
+}
+
 static PyMethodDef core_methods[] = {
     {"activate", core_activate, METH_VARARGS,
      "activate(backend='perf_jit')\n--\n\n"
@@ -251,6 +260,8 @@ static PyMethodDef core_methods[] = {
     {"check", core_check, METH_O,
      "check(func): None if the interpreter's layouts match this build "
      "(func is run once), else what differs."},
+    {"_probe_address", core_probe_address, METH_NOARGS,
+     "Address of a pass-through frame evaluation function (for tests)."},
     {NULL, NULL, 0, NULL}
 };
 

@@ -293,6 +293,46 @@ class TestStockInterpreter(FilesMixin, unittest.TestCase):
                          r"^perftramp311: needs CPython 3\.11, this is "
                          r"cpython 3\.1[02]\.\d+\n$")
 
+    OTHER_EVALUATOR = textwrap.dedent("""
+        import ctypes, perftramp311
+        api = ctypes.pythonapi
+        api.PyInterpreterState_Get.restype = ctypes.c_void_p
+        api._PyInterpreterState_SetEvalFrameFunc.argtypes = [
+            ctypes.c_void_p, ctypes.c_void_p]
+        def install_other():
+            api._PyInterpreterState_SetEvalFrameFunc(
+                api.PyInterpreterState_Get(),
+                perftramp311._ext._probe_address())
+        def named(): pass
+    """)
+
+    def test_other_evaluator_before_is_chained(self):
+        pid, out = self.run_program(self.OTHER_EVALUATOR + textwrap.dedent("""
+            install_other()
+            perftramp311.activate()
+            named()
+            print(perftramp311.is_active())
+            print(perftramp311.status())
+        """))
+        active, status = out.splitlines()
+        self.assertEqual(active, "True")
+        self.assertRegex(status, r"^active \(perf_jit\); chained: \S+$")
+        self.assertIn("py::named:<string>", jitdump_names(pid))
+
+    def test_other_evaluator_after_is_reported(self):
+        pid, out = self.run_program(self.OTHER_EVALUATOR + textwrap.dedent("""
+            perftramp311.activate()
+            install_other()
+            named()
+            print(perftramp311.is_active())
+            print(perftramp311.status())
+        """))
+        active, status = out.splitlines()
+        self.assertEqual(active, "False")
+        self.assertRegex(status, r"^replaced: another frame evaluator was "
+                         r"installed after activate\('perf_jit'\)")
+        self.assertNotIn("py::named:<string>", jitdump_names(pid))
+
     def test_patched_interpreter_keeps_its_own(self):
         patched = os.environ.get("PERFTRAMP311_PATCHED_PYTHON")
         if not patched:
