@@ -354,7 +354,8 @@ class TestPerfDwarf(FilesMixin, unittest.TestCase):
     """perf names leaf <- middle <- top, PYTHONPERFSUPPORT=1 the only
     change: perf record --call-graph dwarf, perf inject --jit."""
 
-    def test_leaf_middle_top(self):
+    def setUp(self):
+        super().setUp()
         perf = os.environ.get("PERF") or shutil.which("perf")
         if not perf or not os.access(perf, os.X_OK):
             skip_or_fail("no perf (make deps-jit installs perf >= 6.8)")
@@ -364,6 +365,39 @@ class TestPerfDwarf(FilesMixin, unittest.TestCase):
         if not found or tuple(map(int, found.groups())) < (6, 8):
             skip_or_fail(f"{perf} is older than 6.8 ({version.strip()}): "
                          "make deps-jit")
+        self.perf = perf
+
+    def assert_chains(self, injected, cwd):
+        """perf script on `injected` shows leaf <- middle <- top."""
+        script = subprocess.run(
+            [self.perf, "script", "-F", "ip,sym", "-i", injected],
+            capture_output=True, text=True, timeout=300, cwd=cwd)
+        self.assertEqual(script.returncode, 0, script.stderr)
+        chains = 0
+        for sample in script.stdout.split("\n\n"):
+            names = [m.group(1) for m in
+                     re.finditer(r"py::([^:\s]+):", sample)]
+            if names[:3] == ["leaf", "middle", "top"]:
+                chains += 1
+        self.assertGreater(chains, 10, script.stdout[-3000:])
+
+    def test_record_command(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            app = os.path.join(tmp, "app.py")
+            with open(app, "w") as f:
+                f.write(PROGRAM)
+            out = os.path.join(tmp, "out")
+            # The program as a module: its -m is the program's, not ours.
+            proc = run(["-m", "perftramp311", "record", "-o", out,
+                        "-m", "app"], env=environment(PERF=self.perf),
+                       cwd=tmp)
+            self.assertEqual(proc.returncode, 0, proc.stderr)
+            injected = os.path.join(out, "perf.jit.data")
+            self.assertIn(f"perf report -i {injected}", proc.stderr)
+            self.assert_chains(injected, out)
+
+    def test_leaf_middle_top(self):
+        perf = self.perf
         with tempfile.TemporaryDirectory() as tmp:
             app = os.path.join(tmp, "app.py")
             with open(app, "w") as f:
@@ -384,17 +418,7 @@ class TestPerfDwarf(FilesMixin, unittest.TestCase):
                 [perf, "inject", "--jit", "-i", data, "-o", injected],
                 capture_output=True, text=True, timeout=300, cwd=tmp)
             self.assertEqual(inject.returncode, 0, inject.stderr)
-            script = subprocess.run(
-                [perf, "script", "-F", "ip,sym", "-i", injected],
-                capture_output=True, text=True, timeout=300, cwd=tmp)
-            self.assertEqual(script.returncode, 0, script.stderr)
-        chains = 0
-        for sample in script.stdout.split("\n\n"):
-            names = [m.group(1) for m in
-                     re.finditer(r"py::([^:\s]+):", sample)]
-            if names[:3] == ["leaf", "middle", "top"]:
-                chains += 1
-        self.assertGreater(chains, 10, script.stdout[-3000:])
+            self.assert_chains(injected, tmp)
 
 
 if __name__ == "__main__":
