@@ -78,6 +78,11 @@ TARGET = "import ctypes, os, sys, threading\n\n" + CHAIN_SOURCE + dedent("""
     elif mode == "C call":
         print(os.getpid(), flush=True)
         sum(range(10 ** 13))            # never checks the eval breaker
+    elif mode == "subinterpreter":
+        import _xxsubinterpreters
+        print(os.getpid(), flush=True)
+        _xxsubinterpreters.run_string(_xxsubinterpreters.create(),
+                                      "while True: pass")
     elif mode == "undumpable":
         PR_SET_DUMPABLE = 4
         ctypes.CDLL(None).prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
@@ -270,7 +275,7 @@ class AttachTests(AttachTestCase):
         self.assertEqual((result.returncode, result.stderr), (1, ""))
         self.assertIn(f"process {pid}: request withdrawn (its main thread "
                       f"is blocked in read()", result.stdout)
-        self.assertIn("it was not changed", result.stdout)
+        self.assertIn("it changed nothing", result.stdout)
         self.assertEqual(self.switch("status", pid),
                          f"process {pid}: perf trampolines are off\n")
         proc.stdin.write("\n")
@@ -284,7 +289,20 @@ class AttachTests(AttachTestCase):
         result = self.tool("attach", str(pid), "--timeout", "0.3")
         self.assertEqual((result.returncode, result.stderr), (1, ""))
         self.assertIn(f"process {pid}: request pending: its main thread is "
-                      f"running, but not Python code", result.stdout)
+                      f"running, but not the main interpreter's Python code",
+                      result.stdout)
+        proc.kill()
+
+    def test_subinterpreter_is_pending(self):
+        # Python code, but a subinterpreter's: status says which.
+        proc, pid = self.start("subinterpreter")
+        self.addCleanup(proc.kill)
+        result = self.tool("attach", str(pid), "--timeout", "0.3")
+        self.assertEqual((result.returncode, result.stderr), (1, ""))
+        self.assertIn("running, but not the main interpreter's Python code "
+                      "(a long call into C, or a subinterpreter)",
+                      result.stdout)
+        self.assertEqual(perf_trampoline.status(pid), (None, True))
         proc.kill()
 
     def test_threads(self):
@@ -658,8 +676,8 @@ class AttachSafetyTests(AttachTestCase):
                                     "was written"):
             perf_trampoline._request(pid, perf_trampoline.REQUESTS["perf"],
                                      2.0, _hook=exec_now)
-        _, (request, _, handled, active, error) = self.control(pid)
-        self.assertEqual((request, handled, active, error), (0, 0, 0, 0))
+        _, (request, _, handled, active, taken) = self.control(pid)
+        self.assertEqual((request, handled, active, taken), (0, 0, 0, 0))
         self.assertEqual(self.finish(proc), ("bad 0\n", ""))
 
     def test_exit_between_check_and_write(self):
@@ -739,8 +757,8 @@ class AttachSafetyTests(AttachTestCase):
                 tool.send_signal(signum)
                 out, err = tool.communicate(timeout=TIMEOUT)
                 self.assertEqual((tool.returncode, err), (1, ""))
-                self.assertIn("request withdrawn (interrupted); it was "
-                              "not changed", out)
+                self.assertIn("request withdrawn (interrupted); it "
+                              "changed nothing", out)
                 self.assertEqual(perf_trampoline.status(pid),
                                  (None, False))
                 proc.stdin.write("\n")
