@@ -14,8 +14,10 @@ import struct
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import unittest
+import unittest.mock
 from textwrap import dedent
 
 import perf_trampoline
@@ -765,6 +767,88 @@ class AttachSafetyTests(AttachTestCase):
                 proc.stdin.flush()
                 self.assertEqual(proc.stdout.readline(), "False\n")
                 self.assertEqual(self.finish(proc), ("bad 0\n", ""))
+
+    # Issue 50: two tools at once each report what the target did with
+    # their own request.
+    def test_replaced_request_is_not_reported_done(self):
+        # Stopped, the target takes neither request until both are
+        # written: the second replaces the first, deterministically.
+        proc, pid = self.start("busy")
+        os.kill(pid, signal.SIGSTOP)
+        first_written = threading.Event()
+        outcomes = {}
+
+        def first(stage):
+            if stage == "armed":
+                first_written.set()
+
+        def second(stage):
+            if stage == "armed":
+                os.kill(pid, signal.SIGCONT)
+
+        def send(name, hook):
+            outcomes[name] = perf_trampoline._request(
+                pid, perf_trampoline.REQUESTS[name], TIMEOUT, _hook=hook)
+
+        # A stopped target is not blocked for this test's purpose.
+        with unittest.mock.patch.object(perf_trampoline, "BLOCKED_AFTER",
+                                        TIMEOUT):
+            thread = threading.Thread(target=send, args=("perf", first))
+            thread.start()
+            try:
+                self.assertTrue(first_written.wait(TIMEOUT))
+                send("off", second)
+            finally:
+                os.kill(pid, signal.SIGCONT)
+                thread.join()
+        self.assertEqual(outcomes["perf"].state, "replaced")
+        self.assertEqual(outcomes["perf"].now, 0)
+        self.assertEqual((outcomes["off"].state, outcomes["off"].active,
+                          outcomes["off"].error), ("done", 0, 0))
+        self.assertEqual(perf_trampoline.status(pid), (None, False))
+        self.assertEqual(self.finish(proc), ("bad 0\n", ""))
+
+    def test_concurrent_attach_and_detach_tell_the_truth(self):
+        proc, pid = self.start("busy")
+        said = {"attach": "on (backend perf)", "detach": "off"}
+        since = "another request has been acted on since: perf " \
+                "trampolines are now "
+        for i in range(20):
+            tools = {command: subprocess.Popen(
+                [sys.executable, "-I", "-m", "perf_trampoline", command,
+                 str(pid)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                text=True, env=clean_env()) for command in said}
+            reports = {}
+            for command, tool in tools.items():
+                out, err = tool.communicate(timeout=TIMEOUT)
+                self.assertEqual(err, "", f"round {i}")
+                reports[command] = (tool.returncode, out.splitlines())
+            # The target's own state, now that both tools are done.
+            final = "on (backend perf)" if perf_trampoline.status(pid)[0] \
+                else "off"
+            done = [command for command, (code, _) in reports.items()
+                    if code == 0]
+            self.assertTrue(done, f"round {i}: {reports}")
+            for command, (code, lines) in reports.items():
+                other = "detach" if command == "attach" else "attach"
+                if code != 0:
+                    # Its request never ran: the other one's did, last.
+                    self.assertEqual(code, 1, f"round {i}: {lines}")
+                    self.assertIn("another tool's request replaced this "
+                                  "one", lines[0])
+                    self.assertEqual(final, said[other], f"round {i}")
+                    continue
+                # Done: what its own request left, never the other's.
+                self.assertEqual(lines[0], f"process {pid}: perf "
+                                 f"trampolines are {said[command]}",
+                                 f"round {i}: {reports}")
+                if len(lines) > 1 and lines[1].startswith(since):
+                    # The other request ran after this one: last.
+                    self.assertEqual(lines[1], since + final)
+                    self.assertEqual(final, said[other], f"round {i}")
+                elif other not in done:
+                    self.assertEqual(final, said[command], f"round {i}")
+        self.assertEqual(self.finish(proc), ("bad 0\n", ""))
 
     # Finding 3: the images are read through /proc, never by a path the
     # target controls.
