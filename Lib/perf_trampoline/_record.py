@@ -43,8 +43,8 @@ import subprocess
 import sys
 import time
 
-from perf_trampoline import (RemoteError, _alive, _namespaces, _reports,
-                             _stat_fields, _warn, attach, detach, status)
+from perf_trampoline import (RemoteError, _alive, _namespaces, _read_small,
+                             _reports, _warn, attach, detach, status)
 
 # perf inject --jit merges DWARF-unwound jitdump frames correctly from 6.8.
 PERF_JIT_MIN = (6, 8)
@@ -239,26 +239,35 @@ def _spawn(args, log_fd, env, old_mask):
         setsigdef=(signal.SIGPIPE, signal.SIGXFSZ))
 
 
-def _children():
-    """{ppid: [pid, ...]} of every process /proc shows."""
-    tree = {}
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            fields = _stat_fields(name)
-            if fields is not None:
-                tree.setdefault(int(fields[1][1]), []).append(int(name))
-    return tree
+def _children(pid):
+    """Pids of the children of process `pid`, from its threads' lists:
+    following a tree reads only the tree's /proc entries, so the cost does
+    not grow with the processes the host runs."""
+    found = []
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return found                    # it has exited
+    for tid in tids:
+        data = _read_small(f"/proc/{pid}/task/{tid}/children", 1 << 20)
+        if data:
+            found.extend(map(int, data.split()))
+    return found
 
 
 def descendants(root):
     """Pids of the processes below `root`, now."""
-    tree = _children()
     found = []
-    todo = list(tree.get(root, ()))
+    todo = _children(root)
+    seen = set(todo)
     while todo:
         pid = todo.pop()
         found.append(pid)
-        todo.extend(tree.get(pid, ()))
+        for child in _children(pid):
+            # (A pid reused while the tree is read makes no cycle.)
+            if child not in seen:
+                seen.add(child)
+                todo.append(child)
     return found
 
 
@@ -480,7 +489,7 @@ def _record_command(recorder, command):
         # The terminal's signal reached the command's process group
         # (ours) already; another one (kill PID) is passed on.
         if not from_terminal:
-            for child in _children().get(recorder.perf_pid, ()):
+            for child in _children(recorder.perf_pid):
                 try:
                     os.kill(child, signum)
                 except ProcessLookupError:

@@ -16,6 +16,7 @@ import sys
 import sysconfig
 import time
 import unittest
+from unittest import mock
 
 from test.test_perf_profiler.test_attach import INNER_CHAIN, TARGET
 from test.test_perf_profiler.util import (
@@ -264,6 +265,49 @@ class RecordTests(RecordTestCase):
             tool.args, tool.returncode, stdout, stderr), "target.py",
             INNER_CHAIN)
         self.assertEqual(perf_trampoline.status(pid), (None, False))
+
+
+class FollowTests(unittest.TestCase):
+    """record -- COMMAND follows the command's processes."""
+
+    def test_descendants_read_only_their_tree(self):
+        from perf_trampoline import _record
+        code = ("import subprocess, sys\n"
+                "child = subprocess.Popen([sys.executable, '-c', "
+                "'import sys; sys.stdin.read()'], stdin=subprocess.PIPE)\n"
+                "print(child.pid, flush=True)\n"
+                "sys.stdin.read()\n"
+                "child.stdin.close()\n"
+                "child.wait()\n")
+        proc = subprocess.Popen([sys.executable, "-c", code],
+                                stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, text=True)
+        self.addCleanup(proc.wait)
+        self.addCleanup(proc.stdin.close)
+        grandchild = int(proc.stdout.readline())
+        opened = []
+        real_open, real_listdir = os.open, os.listdir
+
+        def spy_open(path, *args, **kwargs):
+            opened.append(os.fsdecode(path))
+            return real_open(path, *args, **kwargs)
+
+        def spy_listdir(path="."):
+            opened.append(os.fsdecode(path))
+            return real_listdir(path)
+
+        with mock.patch("os.open", spy_open), \
+                mock.patch("os.listdir", spy_listdir):
+            found = _record.descendants(proc.pid)
+        self.assertEqual(found, [grandchild])
+        # Only the tree's own /proc entries: the cost does not grow with
+        # the host's processes.
+        tree = {str(proc.pid), str(grandchild)}
+        self.assertTrue(opened)
+        for path in opened:
+            self.assertEqual(path.split("/")[:2], ["", "proc"], path)
+            self.assertIn(path.split("/")[2:3], [[pid] for pid in tree],
+                          path)
 
 
 @needs_host("/proc/PID/mem")
