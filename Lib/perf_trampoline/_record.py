@@ -43,8 +43,9 @@ import subprocess
 import sys
 import time
 
-from perf_trampoline import (RemoteError, _alive, _namespaces, _read_small,
-                             _reports, _warn, attach, detach, status)
+from perf_trampoline import (RemoteError, _Control, _alive, _namespaces,
+                             _read_small, _reports, _warn, attach, detach,
+                             status)
 
 # perf inject --jit merges DWARF-unwound jitdump frames correctly from 6.8.
 PERF_JIT_MIN = (6, 8)
@@ -436,9 +437,9 @@ class Recorder:
                 self.maps.warn(f"{exc}; its Python functions will not be "
                                f"named once it has exited")
 
-    def loop(self, pid=None, seconds=None, on_signal=None):
-        """Until perf ends, or `seconds` pass, or (with `pid`) that
-        process exits: progress, namespace maps, signals, each passed to
+    def loop(self, alive=None, seconds=None, on_signal=None):
+        """Until perf ends, or `seconds` pass, or (with `alive`) alive()
+        is false: progress, namespace maps, signals, each passed to
         on_signal(signum, from_terminal), which returns True to stop."""
         progress = _Progress(self.recorded)
         started = time.monotonic()
@@ -452,10 +453,10 @@ class Recorder:
                     if on_signal(info.si_signo, info.si_code == SI_KERNEL):
                         break
                 now = time.monotonic()
-                if pid is None:
+                if alive is None:
                     for child in descendants(self.perf_pid):
                         self.watch(child)
-                elif not _alive(pid):
+                elif not alive():
                     break
                 if seconds is not None and now - started >= seconds:
                     break
@@ -511,33 +512,43 @@ def _status(pid):
 
 
 def _record_pid(recorder, pid):
-    active = _status(pid)
-    recorder.start(["-p", str(pid)])
-    switched = False
+    # One handle for the whole recording (_Control): the process switched
+    # back is the one switched, and once it has exited nothing is written,
+    # also not to a process that took its pid.
     try:
-        if active != recorder.backend:
-            try:
-                done = attach(pid, recorder.backend)
-            except RemoteError as exc:
-                raise RecordError(str(exc)) from None
-            switched = True
-            if not done:
-                _warn(f"process {pid} has not switched yet (blocked); it "
-                      f"will when it next runs Python code")
-        recorder.watch(pid)
-        recorder.loop(pid=pid, seconds=recorder.args.seconds,
-                      on_signal=lambda signum, from_terminal: True)
-        samples = recorder.finish()
-    finally:
-        recorder.stop()
-        if switched and _alive(pid):
-            try:
-                if active is None:
-                    detach(pid)
-                else:
-                    attach(pid, active)
-            except RemoteError as exc:
-                _warn(f"could not switch process {pid} back: {exc}")
+        target = _Control(pid, writable=True)
+    except RemoteError as exc:
+        raise RecordError(str(exc)) from None
+    with target:
+        active = status(target)[0]
+        recorder.start(["-p", str(pid)])
+        switched = False
+        try:
+            if active != recorder.backend:
+                try:
+                    done = attach(target, recorder.backend)
+                except RemoteError as exc:
+                    raise RecordError(str(exc)) from None
+                switched = True
+                if not done and status(target)[0] != recorder.backend:
+                    _warn(f"process {pid} has not switched yet: the request "
+                          f"is pending (it will switch when it next runs "
+                          f"Python code) or another tool's replaced it")
+            recorder.watch(pid)
+            recorder.loop(alive=target.alive,
+                          seconds=recorder.args.seconds,
+                          on_signal=lambda signum, from_terminal: True)
+            samples = recorder.finish()
+        finally:
+            recorder.stop()
+            if switched and target.alive():
+                try:
+                    if active is None:
+                        detach(target)
+                    else:
+                        attach(target, active)
+                except RemoteError as exc:
+                    _warn(f"could not switch process {pid} back: {exc}")
     return samples
 
 

@@ -24,7 +24,7 @@ import perf_trampoline
 from test.test_perf_profiler.util import (
     CHAIN, CHAIN_SOURCE, PerfTestCase, TIMEOUT, assert_refused, clean_env,
     jitdump_path, map_written_since, needs_host, perf_record_works, read_map,
-    record_samples, skip_environment, write_script)
+    record_samples, skip_environment, unshare_pid_namespace, write_script)
 
 # The target: work() calls outer -> middle -> inner and now and then
 # compiles a new function, until the file argv[2] exists; it checks every
@@ -915,17 +915,7 @@ class AttachSafetyTests(AttachTestCase):
 
     # Targets in another PID and mount namespace, by their host pid.
     def test_other_namespace(self):
-        unshare = shutil.which("unshare")
-        if os.geteuid() != 0 or unshare is None:
-            skip_environment("needs root and unshare (util-linux) for a "
-                             "process in its own PID namespace")
-        probe = subprocess.run([unshare, "-pf", "--mount-proc", "true"],
-                               stderr=subprocess.PIPE, text=True)
-        if probe.returncode != 0:
-            skip_environment(f"unshare -pf --mount-proc fails here: "
-                             f"{probe.stderr.strip()}")
-        proc, nspid = self.start("busy", prefix=[unshare, "-pf",
-                                                 "--mount-proc"])
+        proc, nspid = self.start("busy", prefix=unshare_pid_namespace())
         with open(f"/proc/{proc.pid}/task/{proc.pid}/children") as f:
             pid, = map(int, f.read().split())
         self.assertNotEqual(pid, nspid)

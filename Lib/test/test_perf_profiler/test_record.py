@@ -21,7 +21,8 @@ from unittest import mock
 from test.test_perf_profiler.test_attach import INNER_CHAIN, TARGET
 from test.test_perf_profiler.util import (
     PerfTestCase, TIMEOUT, assert_refused, clean_env, needs_host,
-    parse_perf_script, perf_record_works, skip_environment, write_script)
+    parse_perf_script, perf_record_works, skip_environment,
+    unshare_pid_namespace, write_script)
 
 # Calls top -> mid -> leaf, then exits with status argv[1]; a SIGINT is
 # answered with a line, after a pause perf's SIGTERM would cut short.
@@ -58,6 +59,54 @@ COMMAND = """\
     """
 
 CHAIN = ["leaf", "mid", "top"]
+
+# Runs as pid 1 of a PID namespace of its own, where nothing else takes
+# pids: record -p follows test_attach's target, which exits while record
+# is stopped; a process started with -X perf then takes its pid.  Prints
+# whether it did, record's exit status, and that process's state after.
+REUSE_DRIVER = """\
+    import os, signal, subprocess, sys, time
+    import perf_trampoline
+    python, target, out, stop = sys.argv[1:]
+
+    def start(*options):
+        proc = subprocess.Popen([python, *options, target, "busy", stop],
+                                stdout=subprocess.PIPE, text=True)
+        proc.stdout.readline()
+        return proc
+
+    first = start()
+    record = subprocess.Popen(
+        [python, "-I", "-m", "perf_trampoline", "record", "-p",
+         str(first.pid), "--seconds", "60", "-o", out],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    # Until record has switched it and waits in its loop (sigtimedwait):
+    # stopped while it still switches, it would fail.
+    numbers = perf_trampoline._SYSCALLS[os.uname().machine]
+    sigtimedwait, = [str(n) for n, name in numbers.items()
+                     if name == "rt_sigtimedwait"]
+
+    def looping():
+        with open(f"/proc/{record.pid}/syscall") as f:
+            return f.read().split()[0] == sigtimedwait
+
+    while perf_trampoline.status(first.pid)[0] != "perf" or not looping():
+        time.sleep(0.01)
+    os.kill(record.pid, signal.SIGSTOP)
+    first.kill()
+    first.wait()
+    with open("/proc/sys/kernel/ns_last_pid", "w") as f:
+        f.write(str(first.pid - 1))
+    second = start("-X", "perf")
+    os.kill(record.pid, signal.SIGCONT)
+    _, err = record.communicate()
+    print("pid", first.pid, "reused", second.pid == first.pid, "record",
+          record.returncode, repr(err))
+    print("second", *perf_trampoline.status(second.pid))
+    open(stop, "w").close()
+    print("second's output", repr(second.communicate()[0]))
+    """
+
 # The -p tests record test_attach's target, mode "busy".
 # What record writes with any perf, in the order it prints them (a perf
 # with the gecko script adds gecko.json).
@@ -266,6 +315,27 @@ class RecordTests(RecordTestCase):
             INNER_CHAIN)
         self.assertEqual(perf_trampoline.status(pid), (None, False))
 
+    def test_reused_pid_is_left_alone(self):
+        unshare = unshare_pid_namespace()
+        driver = write_script(self.tmpdir, REUSE_DRIVER, "driver.py")
+        target = write_script(self.tmpdir, TARGET, "target.py")
+        result = subprocess.run(
+            [*unshare, self.python, driver, self.python, target, self.out,
+             os.path.join(self.tmpdir, "stop")],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            env=self.env, cwd=self.tmpdir, timeout=TIMEOUT)
+        self.assertEqual(result.returncode, 0, result.stderr)
+        lines = result.stdout.splitlines()
+        # Both processes' maps are in the host's /tmp, by their pid in the
+        # namespace.
+        pid = lines[0].split()[1]
+        self.files.add_pid(pid)
+        self.assertEqual(lines[0].split()[2:6],
+                         ["reused", "True", "record", "0"], lines)
+        # record saw its target exit and wrote nothing more: the process
+        # that took the pid is still on.
+        self.assertEqual(lines[1], "second perf False")
+        self.assertEqual(lines[2], "second's output 'bad 0\\n'")
 
 class FollowTests(unittest.TestCase):
     """record -- COMMAND follows the command's processes."""
