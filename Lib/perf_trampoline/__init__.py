@@ -22,6 +22,10 @@ of /proc/PID/mem belongs to the address space it was opened on: once the
 process has exec'd or exited, reads and writes through it fail, so a
 request can never land in another program that took the pid.
 
+Several tools may write requests at once: each carries a random tag,
+and the interpreter logs what it did with each request it took, so a tool
+reports what became of its own (see Include/internal/pycore_perf.h).
+
 The interpreter acts on the request the next time one of its threads
 checks the eval breaker (between bytecode instructions), exactly as
 sys.activate_stack_trampoline() would.  The interpreter may recompute the
@@ -39,9 +43,9 @@ in bounded pieces (the ELF headers, section headers and dynamic symbols).
 Without CAP_SYS_ADMIN, which map_files needs, a libpython's dynamic symbols
 are read where it is loaded, through the same /proc/PID/mem descriptor.
 
-Exit status: 0 the process switched (or, for status, was read); 1 it has
-not switched: the request is pending or was withdrawn; 2 an error, the
-process was not changed.
+Exit status: 0 the process switched (or, for status, was read); 1 this
+request has not switched it: it is pending, was withdrawn, or another
+tool's replaced it; 2 an error, the process was not changed.
 """
 
 import argparse
@@ -879,8 +883,9 @@ imported:  python3.11 -I -m perf_trampoline attach PID
 
 The process is never stopped: the request is written through /proc/PID/mem
 and acted on the next time the process runs Python code.  Exit status: 0
-switched (status: read), 1 not switched yet (pending) or withdrawn, 2 error
-(the process was not changed).
+switched (status: read), 1 not switched by this request (pending,
+withdrawn, or replaced by another tool's), 2 error (the process was not
+changed).
 """
 
 
