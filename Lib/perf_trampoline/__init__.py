@@ -66,7 +66,8 @@ MAGIC = 0x46505950
 VERSION = 2
 # struct _PyPerf_RemoteControl (Include/internal/pycore_perf.h): the
 # fields at their offsets.  Version 1 (an older interpreter, which status
-# still reads) had an int request at 8 and no `taken` or log.
+# still reads) had an int request at 8 and no `taken` or log: 36 bytes.
+V1_SIZE = 36
 HEADER = struct.Struct("<II")
 REQUEST_AT, BREAKER_AT, HANDLED_AT, ACTIVE_AT, TAKEN_AT, LOG_AT = (
     8, 16, 24, 28, 32, 40)
@@ -535,7 +536,7 @@ class _Control:
 
     def read(self):
         """(request, eval_breaker address, handled, active, taken)."""
-        data = self._pread(0, LOG_AT)
+        data = self._pread(0, V1_SIZE if self.version == 1 else LOG_AT)
         if HEADER.unpack_from(data) != (MAGIC, self.version):
             raise RemoteError(f"process {self.pid}: its perf trampoline "
                               f"control block changed")

@@ -850,6 +850,31 @@ class AttachSafetyTests(AttachTestCase):
                     self.assertEqual(final, said[command], f"round {i}")
         self.assertEqual(self.finish(proc), ("bad 0\n", ""))
 
+    def test_older_control_block(self):
+        # Version 1 (an interpreter from before the tags), read from a
+        # file standing in for the process's memory: status reads it,
+        # attach refuses it with one line and writes nothing.
+        path = os.path.join(self.tmpdir, "memory")
+        block = struct.pack("<IIiiQIii", perf_trampoline.MAGIC, 1, 0, 0,
+                            0x1000, 3, 1, 0)
+        with open(path, "wb") as f:
+            f.write(block)
+        control = object.__new__(perf_trampoline._Control)
+        control.pid, control.pidfd, control.address = 4242, None, 0
+        control.fd = os.open(path, os.O_RDWR)
+        self.addCleanup(control.close)
+        control.version = control._check()
+        self.assertEqual(perf_trampoline.status(control), ("perf", False))
+        with self.assertRaisesRegex(
+                perf_trampoline.RemoteError,
+                r"^process 4242 runs an older build of perf trampolines "
+                r"\(control block version 1\), whose answers cannot be "
+                r"told apart: switch it with the perf_trampoline tool of "
+                r"the Python it runs$"):
+            perf_trampoline.detach(control)
+        with open(path, "rb") as f:
+            self.assertEqual(f.read(), block)
+
     # Finding 3: the images are read through /proc, never by a path the
     # target controls.
     def test_path_replaced(self):
