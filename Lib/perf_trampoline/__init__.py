@@ -293,10 +293,11 @@ def _read_small(path, limit=65536):
     return b"".join(chunks)
 
 
-def _stat_fields(pid, tid=None):
-    """/proc/PID[/task/TID]/stat as (comm, [state, ppid, ...]), or None."""
-    path = (_proc(pid, "stat") if tid is None
-            else _proc(pid, "task", str(tid), "stat"))
+def _stat_fields(directory, tid=None):
+    """DIRECTORY[/task/TID]/stat as (comm, [state, ppid, ...]), or None;
+    `directory` is a process's in /proc."""
+    path = (os.path.join(directory, "stat") if tid is None
+            else os.path.join(directory, "task", str(tid), "stat"))
     data = _read_small(path)
     return _parse_stat(data) if data else None
 
@@ -308,9 +309,10 @@ def _parse_stat(data):
     return head.partition("(")[2], tail.split()
 
 
-def _alive(pid):
-    """Has process `pid` not exited?  (A zombie has.)"""
-    fields = _stat_fields(pid)
+def _alive(pid, directory=None):
+    """Has process `pid` (or the one whose /proc directory is `directory`)
+    not exited?  (A zombie has.)"""
+    fields = _stat_fields(directory or _proc(pid))
     return fields is not None and fields[1][0] not in ("Z", "X")
 
 
@@ -318,7 +320,7 @@ def _check_process(pid):
     """RemoteError unless `pid` is a live user-space process."""
     if pid <= 0:
         raise RemoteError(f"no such process: {pid}")
-    fields = _stat_fields(pid)
+    fields = _stat_fields(_proc(pid))
     if fields is None:
         raise RemoteError(f"no such process: {pid}")
     comm, rest = fields
@@ -466,23 +468,31 @@ def _open_pidfd(pid):
 class _Control:
     """A process, followed by handles that die with it and are never
     reused: a pidfd (where the kernel has them) tells whether it still
-    runs, and its /proc/PID/mem descriptor carries every read and write of
-    its control block, to the address space it was opened on.  Nothing is
-    opened again by pid later."""
+    runs, its /proc/PID directory (`directory`, a path through our
+    descriptor of it) what its threads do, and its /proc/PID/mem
+    descriptor carries every read and write of its control block, to the
+    address space it was opened on.  Nothing is opened again by pid
+    later."""
 
     def __init__(self, pid, writable):
         self.pid = pid
         _check_process(pid)
         self.pidfd = _open_pidfd(pid)
-        self.fd = None
+        self.fd = self.proc = None
         try:
+            try:
+                self.proc = os.open(_proc(pid), os.O_RDONLY
+                                    | os.O_DIRECTORY | os.O_CLOEXEC)
+            except OSError:
+                raise RemoteError(f"no such process: {pid}") from None
+            self.directory = f"/proc/self/fd/{self.proc}"
             # Opened before anything else is read: what is read after it
             # (maps, images) is of this address space, as long as reads
             # through it still succeed.
             self.fd = _open_mem(pid, writable)
             # A pid is reused only after its process has exited: if the
-            # pidfd's process still runs, the pid named it when mem was
-            # opened.
+            # pidfd's process still runs, the pid named it when the
+            # directory and mem were opened.
             if not self.alive():
                 raise _gone(pid)
             self.address = _control_address(pid, self.fd)
@@ -492,10 +502,10 @@ class _Control:
             raise
 
     def close(self):
-        for fd in (self.fd, self.pidfd):
+        for fd in (self.fd, self.proc, self.pidfd):
             if fd is not None:
                 os.close(fd)
-        self.fd = self.pidfd = None
+        self.fd = self.proc = self.pidfd = None
 
     def __enter__(self):
         return self
@@ -504,14 +514,10 @@ class _Control:
         self.close()
 
     def alive(self):
-        """Has the process not exited?  (Without a pidfd: can its memory
-        still be read?)"""
+        """Has the process not exited?"""
         if self.pidfd is not None:
             return not select.select([self.pidfd], [], [], 0)[0]
-        try:
-            return len(os.pread(self.fd, 1, self.address)) == 1
-        except OSError:
-            return False
+        return _alive(self.pid, self.directory)
 
     def _pread(self, offset, size):
         try:
@@ -601,31 +607,32 @@ _SYSCALLS = {
 }
 
 
-def _thread_states(pid):
+def _thread_states(control):
     """{tid: one-letter state} of the target's threads."""
     states = {}
     try:
-        tids = os.listdir(_proc(pid, "task"))
+        tids = os.listdir(os.path.join(control.directory, "task"))
     except OSError:
         return states
     for tid in tids:
-        fields = _stat_fields(pid, tid)
+        fields = _stat_fields(control.directory, tid)
         if fields is not None:
             states[int(tid)] = fields[1][0]
     return states
 
 
-def _main_thread_doing(pid):
+def _main_thread_doing(control):
     """What the target's main thread is doing, in words."""
-    fields = _stat_fields(pid, pid)
+    fields = _stat_fields(control.directory, control.pid)
     if fields is None:
         return "its main thread has exited"
     state = fields[1][0]
     if state in ("T", "t"):
         return "it is stopped (by a signal or a debugger)"
-    data = _read_small(_proc(pid, "task", str(pid), "syscall"))
+    main = os.path.join(control.directory, "task", str(control.pid))
+    data = _read_small(os.path.join(main, "syscall"))
     words = data.decode("ascii", "replace").split() if data else []
-    wchan = _read_small(_proc(pid, "task", str(pid), "wchan"))
+    wchan = _read_small(os.path.join(main, "wchan"))
     wchan = wchan.decode("ascii", "replace").strip() if wchan else ""
     in_kernel = f", in the kernel's {wchan}()" if wchan not in ("", "0") \
         else ""
@@ -771,7 +778,7 @@ def _send(control, request, timeout, withdraw, hook):
         # (KeyboardInterrupt: a caller other than main(), where it may
         # also come during the withdrawal.)
         interrupted = True
-    doing = _main_thread_doing(pid)
+    doing = _main_thread_doing(control)
     if not (withdraw or interrupted):
         return Outcome("pending", doing=doing)
     return _withdraw(control, word, handled,
@@ -795,7 +802,7 @@ def _wait(control, word, base, breaker, timeout, hook):
                 hook("armed")
             rearm = now + REARM_INTERVAL
             if any(state == "R" for state in
-                   _thread_states(control.pid).values()):
+                   _thread_states(control).values()):
                 runnable = now
         outcome = _outcome(control, word, base)
         if outcome is not None:
@@ -950,7 +957,7 @@ def main(argv=None):
                 line = _describe(pid, BACKENDS.get(active))
                 if request != REQUEST_NONE:
                     line += (f"; a request is pending: "
-                             f"{_main_thread_doing(pid)}")
+                             f"{_main_thread_doing(control)}")
             print(line)
             return 0
         request = REQUESTS[args.backend if args.command == "attach"

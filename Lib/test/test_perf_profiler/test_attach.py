@@ -860,7 +860,8 @@ class AttachSafetyTests(AttachTestCase):
         with open(path, "wb") as f:
             f.write(block)
         control = object.__new__(perf_trampoline._Control)
-        control.pid, control.pidfd, control.address = 4242, None, 0
+        control.pid, control.address = 4242, 0
+        control.pidfd = control.proc = None
         control.fd = os.open(path, os.O_RDWR)
         self.addCleanup(control.close)
         control.version = control._check()
