@@ -814,10 +814,13 @@ class AttachSafetyTests(AttachTestCase):
         since = "another request has been acted on since: perf " \
                 "trampolines are now "
         for i in range(20):
+            # (A loaded machine may keep the target from running for a
+            # while: only a replaced request may make a tool exit 1.)
             tools = {command: subprocess.Popen(
                 [sys.executable, "-I", "-m", "perf_trampoline", command,
-                 str(pid)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                text=True, env=clean_env()) for command in said}
+                 str(pid), "--timeout", str(TIMEOUT)],
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                env=clean_env()) for command in said}
             reports = {}
             for command, tool in tools.items():
                 out, err = tool.communicate(timeout=TIMEOUT)
