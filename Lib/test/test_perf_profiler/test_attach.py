@@ -775,6 +775,8 @@ class AttachSafetyTests(AttachTestCase):
         # written: the second replaces the first, deterministically.
         proc, pid = self.start("busy")
         os.kill(pid, signal.SIGSTOP)
+        while proc_stat(pid)[0] != "T":
+            time.sleep(0.001)
         first_written = threading.Event()
         outcomes = {}
 
