@@ -5,12 +5,13 @@ the reports.
     record [options] -p PID [--seconds N]
 
 Frame pointers (the default, backend "perf"):
-    perf record -g -e cpu-clock -F HZ
+    perf record --call-graph fp -e cpu-clock -F HZ
 --jit (backend "perf_jit", for builds without frame pointers):
     perf record -k 1 --call-graph dwarf -e cpu-clock -F HZ, then
     perf inject --jit into DIR/perf.data; needs perf >= 6.8, whose
     inject merges DWARF-unwound jitdump frames correctly.
-cpu-clock is a software event: it works in virtual machines too.
+cpu-clock is a software event: it works in virtual machines too.  -e,
+--call-graph and -a (system-wide) change those options of perf record.
 
 A COMMAND gets PYTHONPERFSUPPORT=1 (--jit: PYTHON_PERF_JIT_SUPPORT=1).
 perf runs it as its child, in its own process group; a small exec helper
@@ -49,6 +50,13 @@ from perf_trampoline import (RemoteError, _alive, _namespaces, _output,
 # perf inject --jit merges DWARF-unwound jitdump frames correctly from 6.8.
 PERF_JIT_MIN = (6, 8)
 DEFAULT_HZ = 999
+DEFAULT_EVENT = "cpu-clock"
+# perf record --call-graph MODE: frame pointers, DWARF (with the bytes of
+# stack copied per sample), Intel's last branch records.
+CALL_GRAPH_RE = re.compile(r"fp|lbr|dwarf(,[1-9][0-9]*)?")
+# An event as perf names it: "cycles:u", "sched:sched_switch",
+# "cpu/event=0x3c,umask=0/", "r003c", "{cycles,instructions}".
+EVENT_RE = re.compile(r"[A-Za-z0-9_{][\w.:/,=@{}*+-]*")
 # How often the loop wakes: signals, the process tree, progress.
 TICK = 0.25
 # Namespace map copies, and progress lines when stderr is not a tty.
@@ -119,6 +127,18 @@ def add_parser(commands, formatter_class):
     parser.add_argument("-F", "--freq", type=int, default=DEFAULT_HZ,
                         metavar="HZ",
                         help=f"samples per second (default {DEFAULT_HZ})")
+    parser.add_argument("-e", "--event", default=DEFAULT_EVENT,
+                        help=f"the event to sample, as perf record -e "
+                             f"takes it (default {DEFAULT_EVENT}, a timer "
+                             f"that works in virtual machines too)")
+    parser.add_argument("--call-graph", metavar="MODE",
+                        help="how perf walks the stack: fp (frame "
+                             "pointers, the default) or lbr; "
+                             "dwarf[,BYTES] (the only mode with --jit, "
+                             "its default)")
+    parser.add_argument("-a", "--all-cpus", action="store_true",
+                        help="record every process on the machine while "
+                             "COMMAND runs (perf record -a)")
     parser.add_argument("--perf", metavar="PATH",
                         help="the perf to run (default: $PERF, else perf "
                              "on PATH)")
@@ -166,13 +186,17 @@ def find_perf(given, jit):
     return os.path.abspath(path)
 
 
-def record_options(jit, hz):
-    """perf record's options for the mode."""
-    if jit:
-        # -k 1: CLOCK_MONOTONIC, the clock of the jitdump's timestamps.
-        return ["-k", "1", "--call-graph", "dwarf", "-e", "cpu-clock",
-                "-F", str(hz)]
-    return ["-g", "-e", "cpu-clock", "-F", str(hz)]
+def record_options(args):
+    """perf record's options for the parsed arguments `args` (checked by
+    _check_args())."""
+    # -k 1: CLOCK_MONOTONIC, the clock of the jitdump's timestamps.
+    options = ["-k", "1"] if args.jit else []
+    options += ["--call-graph",
+                args.call_graph or ("dwarf" if args.jit else "fp"),
+                "-e", args.event, "-F", str(args.freq)]
+    if args.all_cpus:
+        options.append("-a")
+    return options
 
 
 def inject(perf, out):
@@ -362,8 +386,7 @@ class Recorder:
         # can redirect (the exec helper closes it for the command).
         dir_fd = os.dup(self.out.fd)
         os.set_inheritable(dir_fd, True)
-        args = [self.perf, "record", *record_options(self.args.jit,
-                                                     self.args.freq),
+        args = [self.perf, "record", *record_options(self.args),
                 "-o", f"/proc/self/fd/{dir_fd}/{self.recorded}"]
         env = dict(os.environ)
         err_fd = None
@@ -597,6 +620,19 @@ def _check_args(args):
         raise RecordError("--seconds N (N > 0) goes with -p PID")
     if args.freq <= 0:
         raise RecordError("-F HZ must be a positive number")
+    if not EVENT_RE.fullmatch(args.event):
+        raise RecordError(f"-e {args.event!r} is not an event name: "
+                          f"'perf list' lists them")
+    if args.call_graph is not None:
+        if not CALL_GRAPH_RE.fullmatch(args.call_graph):
+            raise RecordError(f"--call-graph {args.call_graph!r}: give fp, "
+                              f"dwarf, dwarf,BYTES or lbr")
+        if args.jit and not args.call_graph.startswith("dwarf"):
+            raise RecordError(f"--jit unwinds with DWARF: give --call-graph "
+                              f"dwarf[,BYTES], or record without --jit")
+    if args.all_cpus and args.pid is not None:
+        raise RecordError("-a records every process: give it with a "
+                          "COMMAND, or -p PID without it")
     if command:
         _check_command(command[0])
     return command
