@@ -933,7 +933,9 @@ _PyPerf_AfterForkChild(PyThreadState *tstate)
 {
     int will_exec = _PyPerf_core.child_will_exec;
     _PyPerf_core.child_will_exec = 0;
-    _PyPerf_remote.request = _PyPerf_REQUEST_NONE;  /* was for the parent */
+    /* Requests were for the parent. */
+    _PyPerf_remote.request = _PyPerf_REQUEST_NONE;
+    _PyPerf_remote.taken = 0;
     _PyPerf_core.no_new = will_exec;
     perf_interp *pi = find_interp(tstate->interp);
     const _PyPerf_Backend *active = pi != NULL ? pi->backend : NULL;
@@ -993,18 +995,16 @@ request_error(PyObject *exc)
     return EBUSY;               /* no co_extra index left */
 }
 
-/* Act on the tool's request: switch the main interpreter's trampolines as
+/* Switch the main interpreter's trampolines for a request of `kind`, as
    sys.activate_stack_trampoline() would, without a word on the program's
-   output; the outcome is left for the tool in _PyPerf_remote. */
-void
-_PyPerf_HandleRemoteRequest(PyThreadState *tstate)
+   output; returns 0 or the errno of the failure, for the tool. */
+static int
+switch_for_request(PyThreadState *tstate, int kind)
 {
-    int request = _PyPerf_remote.request;
-    _PyPerf_remote.request = _PyPerf_REQUEST_NONE;
     PyObject *type, *value, *tb;
     PyErr_Fetch(&type, &value, &tb);
     int res;
-    switch (request) {
+    switch (kind) {
     case _PyPerf_REQUEST_PERF:
         res = activate(tstate, "perf");
         break;
@@ -1029,8 +1029,7 @@ _PyPerf_HandleRemoteRequest(PyThreadState *tstate)
         Py_XDECREF(etb);
     }
     PyErr_Restore(type, value, tb);
-    _PyPerf_remote.error = error;
-    _PyPerf_remote.handled++;
+    return error;
 }
 
 /* ----------------------------------------------------------------------
@@ -1080,12 +1079,10 @@ PyUnstable_PerfTrampoline_SetPersistAfterFork(int enable)
 
 #else   /* !PY_HAVE_PERF_TRAMPOLINE */
 
-void
-_PyPerf_HandleRemoteRequest(PyThreadState *tstate)
+static int
+switch_for_request(PyThreadState *tstate, int kind)
 {
-    _PyPerf_remote.request = _PyPerf_REQUEST_NONE;
-    _PyPerf_remote.error = EOPNOTSUPP;
-    _PyPerf_remote.handled++;
+    return EOPNOTSUPP;
 }
 
 int
@@ -1157,6 +1154,56 @@ _PyPerf_RemoteControl _PyPerf_remote = {
     .magic = _PyPerf_REMOTE_MAGIC,
     .version = _PyPerf_REMOTE_VERSION,
 };
+
+/* Set `request` back to 0 if it still holds `done`: a request a tool wrote
+   while `done` was acted on stays for the next check. */
+static void
+clear_request(uint64_t done)
+{
+#if defined(__GNUC__) || defined(__clang__)
+    __atomic_compare_exchange_n(&_PyPerf_remote.request, &done, 0, 0,
+                                __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
+#else
+    if (_PyPerf_remote.request == done) {
+        _PyPerf_remote.request = _PyPerf_REQUEST_NONE;
+    }
+#endif
+}
+
+/* Act on the tool's request (see pycore_perf.h); its outcome is left for
+   the tool in _PyPerf_remote.log. */
+void
+_PyPerf_HandleRemoteRequest(PyThreadState *tstate)
+{
+    uint64_t request = _PyPerf_remote.request;
+    if (request == _PyPerf_REQUEST_NONE) {
+        return;
+    }
+    /* Say which word is being decided on, then act only if `request`
+       still holds it.  A tool withdrawing its request writes 0, then reads
+       `taken`: both sides store before they load, so either the tool sees
+       its word here (and waits for the log), or the load below sees the 0
+       and the request is never acted on. */
+    _PyPerf_remote.taken = request;
+    _Py_atomic_thread_fence(_Py_memory_order_seq_cst);
+    if (_PyPerf_remote.request != request) {
+        /* Withdrawn or replaced: a new request is taken at the next
+           check. */
+        _PyPerf_remote.taken = 0;
+        return;
+    }
+    int error = switch_for_request(tstate, _PyPerf_REQUEST_KIND(request));
+    uint32_t n = _PyPerf_remote.handled;
+    volatile _PyPerf_RemoteOutcome *outcome =
+        &_PyPerf_remote.log[n % _PyPerf_REMOTE_LOG];
+    outcome->request = request;
+    outcome->active = _PyPerf_remote.active;
+    outcome->error = error;
+    /* The entry is whole before the count that shows it to tools. */
+    _Py_atomic_thread_fence(_Py_memory_order_release);
+    _PyPerf_remote.handled = n + 1;
+    clear_request(request);
+}
 
 /* ----------------------------------------------------------------------
  * Startup: the configuration's switches (Python/initconfig.c reads them)

@@ -9,7 +9,7 @@
 #   (interned strings, static types, caches), so LeakSanitizer reports are
 #   expected from any CPython and say nothing about us.  Every other ASan
 #   check is on, and the first error aborts the process.
-# - verify_asan_link_order=0: test_stress's NoExecTests LD_PRELOAD a small
+# - verify_asan_link_order=0: test_faults' NoExecTests LD_PRELOAD a small
 #   shim library ahead of the ASan runtime; the shim only wraps mmap and
 #   mprotect and forwards to the next definition (ASan's or libc's).
 # - UBSAN_OPTIONS=halt_on_error=1: the first undefined behaviour report

@@ -93,9 +93,19 @@ PyAPI_FUNC(void) _PyPerf_ChildWillExec(void);
    the request is pending (a recompute of the breaker may drop it).  The
    process is never stopped: nothing in it runs on the tool's behalf but
    the handler below, at a safe point.  The layout is fixed (offsets in the
-   comments) and versioned. */
+   comments) and versioned.
+
+   Several tools may write `request` at once, and the last write wins, so
+   each request word carries a random tag of its tool's (above the kind's
+   byte).  The handler publishes the word it is about to act on in `taken`,
+   then acts only if `request` still holds it, and keeps the outcome of
+   request number i (counted by `handled`) in log[i % _PyPerf_REMOTE_LOG]:
+   a tool finds its own word there, or learns that another write replaced
+   it first.  Version 1 had no tag, no `taken` and no log. */
 #define _PyPerf_REMOTE_MAGIC 0x46505950u     /* "PYPF" */
-#define _PyPerf_REMOTE_VERSION 1
+#define _PyPerf_REMOTE_VERSION 2
+#define _PyPerf_REMOTE_LOG 16
+#define _PyPerf_REQUEST_KIND(request) ((int)((request) & 0xff))
 enum {
     _PyPerf_REQUEST_NONE = 0,
     _PyPerf_REQUEST_PERF = 1,
@@ -103,15 +113,22 @@ enum {
     _PyPerf_REQUEST_OFF = 3,
 };
 typedef struct {
+    uint64_t request;                   /*  0: the word acted on */
+    int32_t active;                     /*  8: `active` after it */
+    int32_t error;                      /* 12: its errno, or 0 */
+} _PyPerf_RemoteOutcome;
+typedef struct {
     uint32_t magic;                     /*  0 */
     uint32_t version;                   /*  4 */
-    volatile int32_t request;           /*  8: written by the tool */
-    int32_t reserved;                   /* 12 */
+    volatile uint64_t request;          /*  8: written by tools: their tag
+                                           << 8 | the kind, or 0 */
     volatile int32_t *eval_breaker;     /* 16: the main interpreter's */
     volatile uint32_t handled;          /* 24: requests acted on */
     volatile int32_t active;            /* 28: the main interpreter's
                                            _PyPerf_REQUEST_PERF(_JIT), or 0 */
-    volatile int32_t error;             /* 32: errno of the last request */
+    volatile uint64_t taken;            /* 32: the word being acted on, or
+                                           0 after one was given up */
+    volatile _PyPerf_RemoteOutcome log[_PyPerf_REMOTE_LOG];     /* 40 */
 } _PyPerf_RemoteControl;
 
 PyAPI_DATA(_PyPerf_RemoteControl) _PyPerf_remote;

@@ -22,6 +22,10 @@ of /proc/PID/mem belongs to the address space it was opened on: once the
 process has exec'd or exited, reads and writes through it fail, so a
 request can never land in another program that took the pid.
 
+Several tools may write requests at once: each carries a random tag,
+and the interpreter logs what it did with each request it took, so a tool
+reports what became of its own (see Include/internal/pycore_perf.h).
+
 The interpreter acts on the request the next time one of its threads
 checks the eval breaker (between bytecode instructions), exactly as
 sys.activate_stack_trampoline() would.  The interpreter may recompute the
@@ -39,14 +43,15 @@ in bounded pieces (the ELF headers, section headers and dynamic symbols).
 Without CAP_SYS_ADMIN, which map_files needs, a libpython's dynamic symbols
 are read where it is loaded, through the same /proc/PID/mem descriptor.
 
-Exit status: 0 the process switched (or, for status, was read); 1 it has
-not switched: the request is pending or was withdrawn; 2 an error or bad
-usage; the process was not changed.
+Exit status: 0 the process switched (or, for status, was read); 1 this
+request has not switched it: it is pending, was withdrawn, or another
+tool's replaced it; 2 an error or bad usage; the process was not changed.
 """
 
 import argparse
 import errno
 import os
+import select
 import signal
 import stat
 import struct
@@ -58,11 +63,19 @@ __all__ = ["attach", "detach", "status", "dynamic_symbol", "loaded_symbol",
 
 SYMBOL = b"_PyPerf_remote"
 MAGIC = 0x46505950
-VERSION = 1
-# struct _PyPerf_RemoteControl (Include/internal/pycore_perf.h)
-CONTROL = struct.Struct("<IIiiQIii")
-REQUEST_OFFSET = 8
+VERSION = 2
+# struct _PyPerf_RemoteControl (Include/internal/pycore_perf.h): the
+# fields at their offsets.  Version 1 (an older interpreter, which status
+# still reads) had an int request at 8 and no `taken` or log: 36 bytes.
+V1_SIZE = 36
+HEADER = struct.Struct("<II")
+REQUEST_AT, BREAKER_AT, HANDLED_AT, ACTIVE_AT, TAKEN_AT, LOG_AT = (
+    8, 16, 24, 28, 32, 40)
+U64 = struct.Struct("<Q")
+U32 = struct.Struct("<I")
 INT = struct.Struct("<i")
+LOG_SIZE = 16
+OUTCOME = struct.Struct("<Qii")         # request word, active, error
 REQUEST_NONE = 0
 REQUESTS = {"perf": 1, "perf_jit": 2, "off": 3}
 BACKENDS = {1: "perf", 2: "perf_jit"}
@@ -74,9 +87,9 @@ REARM_INTERVAL = 0.02
 # A target none of whose threads has been runnable for this long is
 # blocked: the tool stops waiting for it.
 BLOCKED_AFTER = 0.2
-# After writing a withdrawal: how long a handler that took the request
-# just before it is given to say so.
-WITHDRAW_GRACE = 0.05
+# After writing a withdrawal: how long a target that took the request
+# just before it is given to finish acting on it.
+DECIDE_TIMEOUT = 1.0
 
 # Bounds on what is read of an ELF file the target maps.
 ELF_MAX_SECTIONS = 1 << 16
@@ -280,10 +293,11 @@ def _read_small(path, limit=65536):
     return b"".join(chunks)
 
 
-def _stat_fields(pid, tid=None):
-    """/proc/PID[/task/TID]/stat as (comm, [state, ppid, ...]), or None."""
-    path = (_proc(pid, "stat") if tid is None
-            else _proc(pid, "task", str(tid), "stat"))
+def _stat_fields(directory, tid=None):
+    """DIRECTORY[/task/TID]/stat as (comm, [state, ppid, ...]), or None;
+    `directory` is a process's in /proc."""
+    path = (os.path.join(directory, "stat") if tid is None
+            else os.path.join(directory, "task", str(tid), "stat"))
     data = _read_small(path)
     return _parse_stat(data) if data else None
 
@@ -295,9 +309,10 @@ def _parse_stat(data):
     return head.partition("(")[2], tail.split()
 
 
-def _alive(pid):
-    """Has process `pid` not exited?  (A zombie has.)"""
-    fields = _stat_fields(pid)
+def _alive(pid, directory=None):
+    """Has process `pid` (or the one whose /proc directory is `directory`)
+    not exited?  (A zombie has.)"""
+    fields = _stat_fields(directory or _proc(pid))
     return fields is not None and fields[1][0] not in ("Z", "X")
 
 
@@ -305,7 +320,7 @@ def _check_process(pid):
     """RemoteError unless `pid` is a live user-space process."""
     if pid <= 0:
         raise RemoteError(f"no such process: {pid}")
-    fields = _stat_fields(pid)
+    fields = _stat_fields(_proc(pid))
     if fields is None:
         raise RemoteError(f"no such process: {pid}")
     comm, rest = fields
@@ -432,26 +447,65 @@ def _control_address(pid, mem):
                       f"them")
 
 
+def _open_pidfd(pid):
+    """A pidfd of process `pid`, or None where the kernel has none (before
+    Linux 5.3)."""
+    try:
+        return os.pidfd_open(pid)
+    except AttributeError:
+        return None
+    except OSError as exc:
+        if exc.errno == errno.ENOSYS:
+            return None
+        if exc.errno == errno.ESRCH:
+            raise RemoteError(f"no such process: {pid}") from None
+        if exc.errno == errno.EINVAL:
+            raise RemoteError(f"{pid} is a thread of another process: "
+                              f"give the pid of its process") from None
+        raise RemoteError(f"cannot follow process {pid}: {exc}") from None
+
+
 class _Control:
-    """The target's control block, through one /proc/PID/mem descriptor:
-    every read and write goes to the address space it was opened on."""
+    """A process, followed by handles that die with it and are never
+    reused: a pidfd (where the kernel has them) tells whether it still
+    runs, its /proc/PID directory (`directory`, a path through our
+    descriptor of it) what its threads do, and its /proc/PID/mem
+    descriptor carries every read and write of its control block, to the
+    address space it was opened on.  Nothing is opened again by pid
+    later."""
 
     def __init__(self, pid, writable):
         self.pid = pid
         _check_process(pid)
-        # Opened before anything else is read: what is read after it
-        # (maps, images) is of this address space, as long as reads
-        # through it still succeed.
-        self.fd = _open_mem(pid, writable)
+        self.pidfd = _open_pidfd(pid)
+        self.fd = self.proc = None
         try:
+            try:
+                self.proc = os.open(_proc(pid), os.O_RDONLY
+                                    | os.O_DIRECTORY | os.O_CLOEXEC)
+            except OSError:
+                raise RemoteError(f"no such process: {pid}") from None
+            self.directory = f"/proc/self/fd/{self.proc}"
+            # Opened before anything else is read: what is read after it
+            # (maps, images) is of this address space, as long as reads
+            # through it still succeed.
+            self.fd = _open_mem(pid, writable)
+            # A pid is reused only after its process has exited: if the
+            # pidfd's process still runs, the pid named it when the
+            # directory and mem were opened.
+            if not self.alive():
+                raise _gone(pid)
             self.address = _control_address(pid, self.fd)
-            self.read()             # magic and version
+            self.version = self._check()
         except BaseException:
-            os.close(self.fd)
+            self.close()
             raise
 
     def close(self):
-        os.close(self.fd)
+        for fd in (self.fd, self.proc, self.pidfd):
+            if fd is not None:
+                os.close(fd)
+        self.fd = self.proc = self.pidfd = None
 
     def __enter__(self):
         return self
@@ -459,35 +513,72 @@ class _Control:
     def __exit__(self, *exc):
         self.close()
 
-    def read(self):
-        """(request, eval_breaker address, handled, active, error)."""
+    def alive(self):
+        """Has the process not exited?"""
+        if self.pidfd is not None:
+            return not select.select([self.pidfd], [], [], 0)[0]
+        return _alive(self.pid, self.directory)
+
+    def _pread(self, offset, size):
         try:
-            data = os.pread(self.fd, CONTROL.size, self.address)
+            data = os.pread(self.fd, size, self.address + offset)
         except OSError as exc:
             if exc.errno in (errno.EIO, errno.ESRCH):
                 raise _gone(self.pid) from None
             raise RemoteError(f"cannot read process {self.pid}: "
                               f"{exc}") from None
-        if len(data) != CONTROL.size:
+        if len(data) != size:
             raise _gone(self.pid)
-        magic, version, request, _, breaker, handled, active, error = \
-            CONTROL.unpack(data)
-        if magic != MAGIC or version != VERSION:
+        return data
+
+    def _check(self):
+        """The control block's version, or RemoteError."""
+        magic, version = HEADER.unpack(self._pread(0, HEADER.size))
+        if magic != MAGIC or version not in (1, VERSION):
             raise RemoteError(f"process {self.pid}: unknown perf trampoline "
                               f"control block (magic {magic:#x}, version "
                               f"{version})")
-        return request, breaker, handled, active, error
+        return version
 
-    def write_int(self, address, value):
-        """Write one int; RemoteError if the address space is gone."""
+    def read(self):
+        """(request, eval_breaker address, handled, active, taken)."""
+        data = self._pread(0, V1_SIZE if self.version == 1 else LOG_AT)
+        if HEADER.unpack_from(data) != (MAGIC, self.version):
+            raise RemoteError(f"process {self.pid}: its perf trampoline "
+                              f"control block changed")
+        if self.version == 1:
+            request, = INT.unpack_from(data, REQUEST_AT)
+            taken = 0
+        else:
+            request, = U64.unpack_from(data, REQUEST_AT)
+            taken, = U64.unpack_from(data, TAKEN_AT)
+        breaker, = U64.unpack_from(data, BREAKER_AT)
+        handled, = U32.unpack_from(data, HANDLED_AT)
+        active, = INT.unpack_from(data, ACTIVE_AT)
+        return request, breaker, handled, active, taken
+
+    def field(self, offset, kind):
+        """The field at `offset` of the control block, read on its own."""
+        return kind.unpack(self._pread(offset, kind.size))[0]
+
+    def log(self):
+        """(handled, the log's entries, handled again after them)."""
+        first = self.field(HANDLED_AT, U32)
+        data = self._pread(LOG_AT, LOG_SIZE * OUTCOME.size)
+        return first, list(OUTCOME.iter_unpack(data)), \
+            self.field(HANDLED_AT, U32)
+
+    def write(self, address, kind, value):
+        """Write one value at `address`; RemoteError if the address space
+        is gone."""
         try:
-            written = os.pwrite(self.fd, INT.pack(value), address)
+            written = os.pwrite(self.fd, kind.pack(value), address)
         except OSError as exc:
             if exc.errno in (errno.EIO, errno.ESRCH):
                 raise _gone(self.pid) from None
             raise RemoteError(f"cannot write to process {self.pid}: "
                               f"{exc}") from None
-        if written != INT.size:
+        if written != kind.size:
             raise _gone(self.pid)
 
 
@@ -516,37 +607,41 @@ _SYSCALLS = {
 }
 
 
-def _thread_states(pid):
+def _thread_states(control):
     """{tid: one-letter state} of the target's threads."""
     states = {}
     try:
-        tids = os.listdir(_proc(pid, "task"))
+        tids = os.listdir(os.path.join(control.directory, "task"))
     except OSError:
         return states
     for tid in tids:
-        fields = _stat_fields(pid, tid)
+        fields = _stat_fields(control.directory, tid)
         if fields is not None:
             states[int(tid)] = fields[1][0]
     return states
 
 
-def _main_thread_doing(pid):
+def _main_thread_doing(control):
     """What the target's main thread is doing, in words."""
-    fields = _stat_fields(pid, pid)
+    fields = _stat_fields(control.directory, control.pid)
     if fields is None:
         return "its main thread has exited"
     state = fields[1][0]
     if state in ("T", "t"):
         return "it is stopped (by a signal or a debugger)"
-    data = _read_small(_proc(pid, "task", str(pid), "syscall"))
+    main = os.path.join(control.directory, "task", str(control.pid))
+    data = _read_small(os.path.join(main, "syscall"))
     words = data.decode("ascii", "replace").split() if data else []
-    wchan = _read_small(_proc(pid, "task", str(pid), "wchan"))
+    wchan = _read_small(os.path.join(main, "wchan"))
     wchan = wchan.decode("ascii", "replace").strip() if wchan else ""
     in_kernel = f", in the kernel's {wchan}()" if wchan not in ("", "0") \
         else ""
     if state == "R" or (words and words[0] == "running"):
-        return ("its main thread is running, but not Python code (a long "
-                "call into C?)")
+        # Only the main interpreter takes requests: a thread running a
+        # subinterpreter's code, like one in a long C call, never does.
+        return ("its main thread is running, but not the main "
+                "interpreter's Python code (a long call into C, or a "
+                "subinterpreter)")
     if words and words[0].lstrip("-").isdigit() and int(words[0]) >= 0:
         number = int(words[0])
         name = _SYSCALLS.get(os.uname().machine, {}).get(number)
@@ -559,15 +654,22 @@ def _main_thread_doing(pid):
 # Requests
 
 class Outcome:
-    """What became of a request: `state` is "done", "pending" or
-    "withdrawn"; `active` the backend number the target reports, `error`
-    the errno of its outcome, `doing` what a blocked target is doing."""
+    """What became of a request: `state` is "done" (the target acted on it;
+    `active` is the backend number it left, `error` the errno of its
+    failure, `later` whether another request was acted on since),
+    "pending" or "withdrawn" (`doing` says what a blocked target is
+    doing), "replaced" (another tool's request took its place before the
+    target took it) or "unknown" (the log moved on too far to tell);
+    `now` is the backend number on when the tool last looked."""
 
-    def __init__(self, state, active=0, error=0, doing=""):
+    def __init__(self, state, active=0, error=0, doing="", later=False,
+                 now=0):
         self.state = state
         self.active = active
         self.error = error
         self.doing = doing
+        self.later = later
+        self.now = now
 
 
 class _Interrupted(Exception):
@@ -584,65 +686,109 @@ def _record_signal(signum, frame):
     _signals.append(signum)
 
 
-def _withdraw(control, request, handled):
-    """Write the request back to NONE if it is still ours and pending.
-    Returns False if the target acted on it first, else True (withdrawn,
-    or never written)."""
-    now_request, _, now_handled, _, _ = control.read()
-    if now_handled == handled and now_request == request:
-        control.write_int(control.address + REQUEST_OFFSET, REQUEST_NONE)
-        # A handler that read the request just before the write counts it
-        # as handled once it has acted.
-        time.sleep(WITHDRAW_GRACE)
-        _, _, now_handled, _, _ = control.read()
-    return now_handled == handled
+def _outcome(control, word, base):
+    """What became of request `word`, written when the target had handled
+    `base` requests: an Outcome, or None while it is pending or being
+    acted on."""
+    # In this order: the target logs a request before it takes another,
+    # and takes it (`taken`) before `request` can change again; so a word
+    # found neither pending nor taken is in the log if it was acted on.
+    pending = control.field(REQUEST_AT, U64)
+    taken = control.field(TAKEN_AT, U64)
+    first, entries, last = control.log()
+    now = control.field(ACTIVE_AT, INT)
+    # Entry n is overwritten once n + LOG_SIZE is being acted on.
+    whole = max(base, last - LOG_SIZE + 1)
+    for n in range(whole, first):
+        request, active, error = entries[n % LOG_SIZE]
+        if request == word:
+            return Outcome("done", active, error, later=last > n + 1,
+                           now=now)
+    if word in (pending, taken):
+        return None
+    return Outcome("unknown" if whole > base else "replaced", now=now)
 
 
-def _request(pid, request, timeout, withdraw=False, _hook=None):
-    """Send `request` and wait up to `timeout` seconds for the target to
-    act; less if it is blocked.  Returns an Outcome.  Then the request
-    stays pending, or is withdrawn if `withdraw`; it is withdrawn if
-    SIGINT (or, under main(), SIGTERM) interrupts the wait.
-    `_hook`, for tests, is called with "checked" between the check of the
-    control block and the first write, and with "armed" after the first
-    write of the eval breaker."""
-    with _Control(pid, writable=True) as control:
-        _, breaker, handled, _, _ = control.read()
-        if breaker == 0:
-            raise RemoteError(f"process {pid}: its interpreter is not "
-                              f"running (starting up or finalized)")
-        if _hook is not None:
-            _hook("checked")
-        if _signals:
-            raise _Interrupted
-        interrupted = False
-        try:
-            # The request first: on its own it is acted on the next time
-            # the interpreter computes its breaker; then the breaker.  A
-            # request already pending (left by a tool that was killed) is
-            # replaced.
-            control.write_int(control.address + REQUEST_OFFSET, request)
-            outcome = _wait(control, request, breaker, handled, timeout,
-                            _hook)
-            if outcome is not None:
-                return outcome
-        except (_Interrupted, KeyboardInterrupt):
-            # (KeyboardInterrupt: a caller other than main(), where it may
-            # also come during the withdrawal.)
-            interrupted = True
-        doing = _main_thread_doing(pid)
-        if not (withdraw or interrupted):
-            return Outcome("pending", doing=doing)
-        if _withdraw(control, request, handled):
-            return Outcome("withdrawn", doing="interrupted"
-                           if interrupted else doing)
-        _, _, _, active, error = control.read()
-        return Outcome("done", active, error)
+def _withdraw(control, word, base, doing):
+    """Write the request back to none if it is still ours and pending;
+    then what became of it, "withdrawn" if it was never acted on."""
+    withdrew = control.field(REQUEST_AT, U64) == word
+    if withdrew:
+        # (A request another tool writes just before this is lost too: that
+        # tool then says its request was replaced.)
+        control.write(control.address + REQUEST_AT, U64, REQUEST_NONE)
+    # The target decides on a request after saying so in `taken`: once it
+    # shows neither, it never acts on it.
+    deadline = time.monotonic() + DECIDE_TIMEOUT
+    while True:
+        outcome = _outcome(control, word, base)
+        if outcome is None and time.monotonic() >= deadline:
+            return Outcome("pending", doing="it has taken the request and "
+                                            "not yet acted on it")
+        if outcome is not None:
+            if outcome.state == "replaced" and withdrew:
+                return Outcome("withdrawn", doing=doing, now=outcome.now)
+            return outcome
+        time.sleep(POLL_INTERVAL)
 
 
-def _wait(control, request, breaker, handled, timeout, hook):
-    """Outcome("done") once the target has acted, or None when it has not
-    within `timeout` seconds, or has been blocked for BLOCKED_AFTER."""
+def _request(target, request, timeout, withdraw=False, _hook=None):
+    """Send `request` to `target` (a pid, or a _Control open for writing)
+    and wait up to `timeout` seconds for the process to act; less if it
+    is blocked.  Returns an Outcome.  Then the request stays pending, or
+    is withdrawn if `withdraw`; it is withdrawn if SIGINT (or, under
+    main(), SIGTERM) interrupts the wait.  `_hook`, for tests, is called
+    with "checked" between the check of the control block and the first
+    write, and with "armed" after the first write of the eval breaker."""
+    if isinstance(target, _Control):
+        return _send(target, request, timeout, withdraw, _hook)
+    with _Control(target, writable=True) as control:
+        return _send(control, request, timeout, withdraw, _hook)
+
+
+def _send(control, request, timeout, withdraw, hook):
+    pid = control.pid
+    if control.version != VERSION:
+        raise RemoteError(f"process {pid} runs an older build of perf "
+                          f"trampolines (control block version "
+                          f"{control.version}), whose answers cannot be "
+                          f"told apart: switch it with the perf_trampoline "
+                          f"tool of the Python it runs")
+    _, breaker, handled, _, _ = control.read()
+    if breaker == 0:
+        raise RemoteError(f"process {pid}: its interpreter is not "
+                          f"running (starting up or finalized)")
+    if hook is not None:
+        hook("checked")
+    if _signals:
+        raise _Interrupted
+    # A random tag tells our request from other tools' (a counter in the
+    # target could not be taken atomically through /proc/PID/mem).
+    word = (int.from_bytes(os.urandom(7), "little") or 1) << 8 | request
+    interrupted = False
+    try:
+        # The request first: on its own it is acted on the next time the
+        # interpreter computes its breaker; then the breaker.  A request
+        # already pending (left by a tool that was killed) is replaced.
+        control.write(control.address + REQUEST_AT, U64, word)
+        outcome = _wait(control, word, handled, breaker, timeout, hook)
+        if outcome is not None:
+            return outcome
+    except (_Interrupted, KeyboardInterrupt):
+        # (KeyboardInterrupt: a caller other than main(), where it may
+        # also come during the withdrawal.)
+        interrupted = True
+    doing = _main_thread_doing(control)
+    if not (withdraw or interrupted):
+        return Outcome("pending", doing=doing)
+    return _withdraw(control, word, handled,
+                     "interrupted" if interrupted else doing)
+
+
+def _wait(control, word, base, breaker, timeout, hook):
+    """The Outcome once the target has decided on request `word`, or None
+    when it has not within `timeout` seconds, or has been blocked for
+    BLOCKED_AFTER."""
     start = time.monotonic()
     rearm = 0.0
     runnable = start
@@ -651,16 +797,16 @@ def _wait(control, request, breaker, handled, timeout, hook):
         if now >= rearm:
             # The breaker of the address space checked above; setting it
             # again is harmless (one more check for pending work).
-            control.write_int(breaker, 1)
+            control.write(breaker, INT, 1)
             if hook is not None and rearm == 0.0:
                 hook("armed")
             rearm = now + REARM_INTERVAL
             if any(state == "R" for state in
-                   _thread_states(control.pid).values()):
+                   _thread_states(control).values()):
                 runnable = now
-        pending, _, now_handled, active, error = control.read()
-        if now_handled != handled and pending != request:
-            return Outcome("done", active, error)
+        outcome = _outcome(control, word, base)
+        if outcome is not None:
+            return outcome
         if now - start >= timeout or now - runnable >= BLOCKED_AFTER:
             return None
         if _signals:
@@ -668,29 +814,36 @@ def _wait(control, request, breaker, handled, timeout, hook):
         time.sleep(POLL_INTERVAL)
 
 
-def attach(pid, backend="perf", timeout=2.0):
-    """Ask process `pid` to switch perf trampolines on.  Returns True if
-    it did within `timeout` seconds, False if the request is pending."""
-    outcome = _request(pid, REQUESTS[backend], timeout)
+def _switch(target, request, timeout, switch):
+    outcome = _request(target, REQUESTS[request], timeout)
     if outcome.error:
+        pid = getattr(target, "pid", target)
         raise RemoteError(f"process {pid} could not switch perf trampolines "
-                          f"on: {_reason(outcome.error)}")
+                          f"{switch}: {_reason(outcome.error)}")
     return outcome.state == "done"
 
 
-def detach(pid, timeout=2.0):
-    """Ask process `pid` to switch perf trampolines off; as attach()."""
-    outcome = _request(pid, REQUESTS["off"], timeout)
-    if outcome.error:
-        raise RemoteError(f"process {pid} could not switch perf trampolines "
-                          f"off: {_reason(outcome.error)}")
-    return outcome.state == "done"
+def attach(target, backend="perf", timeout=2.0):
+    """Ask process `target` (a pid, or a _Control open for writing) to
+    switch perf trampolines on.  Returns True if it did so with this
+    request within `timeout` seconds; False if the request is pending or
+    another tool's request replaced it."""
+    return _switch(target, backend, timeout, "on")
 
 
-def status(pid):
-    """(active backend name or None, a request is pending)."""
-    with _Control(pid, writable=False) as control:
-        request, _, _, active, _ = control.read()
+def detach(target, timeout=2.0):
+    """Ask process `target` to switch perf trampolines off; as attach()."""
+    return _switch(target, "off", timeout, "off")
+
+
+def status(target):
+    """(active backend name or None, a request is pending) of process
+    `target` (a pid or a _Control)."""
+    if isinstance(target, _Control):
+        request, _, _, active, _ = target.read()
+    else:
+        with _Control(target, writable=False) as control:
+            request, _, _, active, _ = control.read()
     return BACKENDS.get(active), request != REQUEST_NONE
 
 
@@ -738,9 +891,10 @@ imported:  python3.11 -I -m perf_trampoline attach PID
 
 The process is never stopped: the request is written through /proc/PID/mem
 and acted on the next time the process runs Python code.  Exit status: 0
-switched (status: read), 1 not switched yet (pending) or withdrawn, 2 error
-(the process was not changed) or usage error: without a command this help
-goes to stderr; "COMMAND --help" describes each command.
+switched (status: read), 1 not switched by this request (pending,
+withdrawn, or replaced by another tool's), 2 error (the process was not
+changed) or usage error: without a command this help goes to stderr;
+"COMMAND --help" describes each command.
 """
 
 
@@ -836,7 +990,7 @@ def main(argv=None):
                 line = _describe(pid, BACKENDS.get(active))
                 if request != REQUEST_NONE:
                     line += (f"; a request is pending: "
-                             f"{_main_thread_doing(pid)}")
+                             f"{_main_thread_doing(control)}")
             print(line)
             return 0
         request = REQUESTS[args.backend if args.command == "attach"
@@ -855,9 +1009,21 @@ def main(argv=None):
     except (_Interrupted, KeyboardInterrupt):
         _warn(f"interrupted before anything was written to process {pid}")
         return 2
+    now = BACKENDS.get(outcome.now)
+    now = f"now on (backend {now})" if now else "now off"
     if outcome.state == "withdrawn":
-        print(f"process {pid}: request withdrawn ({outcome.doing}); it was "
-              f"not changed")
+        print(f"process {pid}: request withdrawn ({outcome.doing}); it "
+              f"changed nothing")
+        return 1
+    if outcome.state == "replaced":
+        print(f"process {pid}: another tool's request replaced this one "
+              f"before the process took it, so this one changed nothing; "
+              f"perf trampolines are {now}")
+        return 1
+    if outcome.state == "unknown":
+        print(f"process {pid}: it acted on more than {LOG_SIZE} requests "
+              f"meanwhile, so what became of this one is not known; perf "
+              f"trampolines are {now}")
         return 1
     if outcome.state == "pending":
         print(f"process {pid}: request pending: {outcome.doing}; the "
@@ -871,6 +1037,9 @@ def main(argv=None):
         return 2
     backend = BACKENDS.get(outcome.active)
     print(_describe(pid, backend))
+    if outcome.later:
+        print(f"another request has been acted on since: perf trampolines "
+              f"are {now}")
     nspid = _namespace_pid(pid)
     if backend is not None and nspid != pid:
         print(f"it is pid {nspid} in its own PID namespace: its files are "

@@ -43,8 +43,9 @@ import subprocess
 import sys
 import time
 
-from perf_trampoline import (RemoteError, _alive, _namespaces, _output,
-                             _reports, _stat_fields, _warn, attach, detach,
+from perf_trampoline import (RemoteError, _Control, _alive, _namespaces,
+                             _output, _read_small, _reports, _warn, attach,
+                             detach,
                              status)
 
 # perf inject --jit merges DWARF-unwound jitdump frames correctly from 6.8.
@@ -284,26 +285,35 @@ def _spawn(args, log_fd, env, old_mask):
         setsigdef=(signal.SIGPIPE, signal.SIGXFSZ))
 
 
-def _children():
-    """{ppid: [pid, ...]} of every process /proc shows."""
-    tree = {}
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            fields = _stat_fields(name)
-            if fields is not None:
-                tree.setdefault(int(fields[1][1]), []).append(int(name))
-    return tree
+def _children(pid):
+    """Pids of the children of process `pid`, from its threads' lists:
+    following a tree reads only the tree's /proc entries, so the cost does
+    not grow with the processes the host runs."""
+    found = []
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return found                    # it has exited
+    for tid in tids:
+        data = _read_small(f"/proc/{pid}/task/{tid}/children", 1 << 20)
+        if data:
+            found.extend(map(int, data.split()))
+    return found
 
 
 def descendants(root):
     """Pids of the processes below `root`, now."""
-    tree = _children()
     found = []
-    todo = list(tree.get(root, ()))
+    todo = _children(root)
+    seen = set(todo)
     while todo:
         pid = todo.pop()
         found.append(pid)
-        todo.extend(tree.get(pid, ()))
+        for child in _children(pid):
+            # (A pid reused while the tree is read makes no cycle.)
+            if child not in seen:
+                seen.add(child)
+                todo.append(child)
     return found
 
 
@@ -476,9 +486,9 @@ class Recorder:
                 self.maps.warn(f"{exc}; its Python functions will not be "
                                f"named once it has exited")
 
-    def loop(self, pid=None, seconds=None, on_signal=None):
-        """Until perf ends, or `seconds` pass, or (with `pid`) that
-        process exits: progress, namespace maps, signals, each passed to
+    def loop(self, alive=None, seconds=None, on_signal=None):
+        """Until perf ends, or `seconds` pass, or (with `alive`) alive()
+        is false: progress, namespace maps, signals, each passed to
         on_signal(signum, from_terminal), which returns True to stop."""
         progress = _Progress(self.out, self.recorded)
         started = time.monotonic()
@@ -492,10 +502,10 @@ class Recorder:
                     if on_signal(info.si_signo, info.si_code == SI_KERNEL):
                         break
                 now = time.monotonic()
-                if pid is None:
+                if alive is None:
                     for child in descendants(self.perf_pid):
                         self.watch(child)
-                elif not _alive(pid):
+                elif not alive():
                     break
                 if seconds is not None and now - started >= seconds:
                     break
@@ -529,7 +539,7 @@ def _record_command(recorder, command):
         # The terminal's signal reached the command's process group
         # (ours) already; another one (kill PID) is passed on.
         if not from_terminal:
-            for child in _children().get(recorder.perf_pid, ()):
+            for child in _children(recorder.perf_pid):
                 try:
                     os.kill(child, signum)
                 except ProcessLookupError:
@@ -551,33 +561,43 @@ def _status(pid):
 
 
 def _record_pid(recorder, pid):
-    active = _status(pid)
-    recorder.start(["-p", str(pid)])
-    switched = False
+    # One handle for the whole recording (_Control): the process switched
+    # back is the one switched, and once it has exited nothing is written,
+    # also not to a process that took its pid.
     try:
-        if active != recorder.backend:
-            try:
-                done = attach(pid, recorder.backend)
-            except RemoteError as exc:
-                raise RecordError(str(exc)) from None
-            switched = True
-            if not done:
-                _warn(f"process {pid} has not switched yet (blocked); it "
-                      f"will when it next runs Python code")
-        recorder.watch(pid)
-        recorder.loop(pid=pid, seconds=recorder.args.seconds,
-                      on_signal=lambda signum, from_terminal: True)
-        samples = recorder.finish()
-    finally:
-        recorder.stop()
-        if switched and _alive(pid):
-            try:
-                if active is None:
-                    detach(pid)
-                else:
-                    attach(pid, active)
-            except RemoteError as exc:
-                _warn(f"could not switch process {pid} back: {exc}")
+        target = _Control(pid, writable=True)
+    except RemoteError as exc:
+        raise RecordError(str(exc)) from None
+    with target:
+        active = status(target)[0]
+        recorder.start(["-p", str(pid)])
+        switched = False
+        try:
+            if active != recorder.backend:
+                try:
+                    done = attach(target, recorder.backend)
+                except RemoteError as exc:
+                    raise RecordError(str(exc)) from None
+                switched = True
+                if not done and status(target)[0] != recorder.backend:
+                    _warn(f"process {pid} has not switched yet: the request "
+                          f"is pending (it will switch when it next runs "
+                          f"Python code) or another tool's replaced it")
+            recorder.watch(pid)
+            recorder.loop(alive=target.alive,
+                          seconds=recorder.args.seconds,
+                          on_signal=lambda signum, from_terminal: True)
+            samples = recorder.finish()
+        finally:
+            recorder.stop()
+            if switched and target.alive():
+                try:
+                    if active is None:
+                        detach(target)
+                    else:
+                        attach(target, active)
+                except RemoteError as exc:
+                    _warn(f"could not switch process {pid} back: {exc}")
     return samples
 
 

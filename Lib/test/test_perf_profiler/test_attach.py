@@ -14,15 +14,17 @@ import struct
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import unittest
+import unittest.mock
 from textwrap import dedent
 
 import perf_trampoline
 from test.test_perf_profiler.util import (
     CHAIN, CHAIN_SOURCE, PerfTestCase, TIMEOUT, assert_refused, clean_env,
     jitdump_path, map_written_since, needs_host, perf_record_works, read_map,
-    record_samples, skip_environment, write_script)
+    record_samples, skip_environment, unshare_pid_namespace, write_script)
 
 # The target: work() calls outer -> middle -> inner and now and then
 # compiles a new function, until the file argv[2] exists; it checks every
@@ -78,6 +80,11 @@ TARGET = "import ctypes, os, sys, threading\n\n" + CHAIN_SOURCE + dedent("""
     elif mode == "C call":
         print(os.getpid(), flush=True)
         sum(range(10 ** 13))            # never checks the eval breaker
+    elif mode == "subinterpreter":
+        import _xxsubinterpreters
+        print(os.getpid(), flush=True)
+        _xxsubinterpreters.run_string(_xxsubinterpreters.create(),
+                                      "while True: pass")
     elif mode == "undumpable":
         PR_SET_DUMPABLE = 4
         ctypes.CDLL(None).prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
@@ -270,7 +277,7 @@ class AttachTests(AttachTestCase):
         self.assertEqual((result.returncode, result.stderr), (1, ""))
         self.assertIn(f"process {pid}: request withdrawn (its main thread "
                       f"is blocked in read()", result.stdout)
-        self.assertIn("it was not changed", result.stdout)
+        self.assertIn("it changed nothing", result.stdout)
         self.assertEqual(self.switch("status", pid),
                          f"process {pid}: perf trampolines are off\n")
         proc.stdin.write("\n")
@@ -284,7 +291,20 @@ class AttachTests(AttachTestCase):
         result = self.tool("attach", str(pid), "--timeout", "0.3")
         self.assertEqual((result.returncode, result.stderr), (1, ""))
         self.assertIn(f"process {pid}: request pending: its main thread is "
-                      f"running, but not Python code", result.stdout)
+                      f"running, but not the main interpreter's Python code",
+                      result.stdout)
+        proc.kill()
+
+    def test_subinterpreter_is_pending(self):
+        # Python code, but a subinterpreter's: status says which.
+        proc, pid = self.start("subinterpreter")
+        self.addCleanup(proc.kill)
+        result = self.tool("attach", str(pid), "--timeout", "0.3")
+        self.assertEqual((result.returncode, result.stderr), (1, ""))
+        self.assertIn("running, but not the main interpreter's Python code "
+                      "(a long call into C, or a subinterpreter)",
+                      result.stdout)
+        self.assertEqual(perf_trampoline.status(pid), (None, True))
         proc.kill()
 
     def test_threads(self):
@@ -658,8 +678,8 @@ class AttachSafetyTests(AttachTestCase):
                                     "was written"):
             perf_trampoline._request(pid, perf_trampoline.REQUESTS["perf"],
                                      2.0, _hook=exec_now)
-        _, (request, _, handled, active, error) = self.control(pid)
-        self.assertEqual((request, handled, active, error), (0, 0, 0, 0))
+        _, (request, _, handled, active, taken) = self.control(pid)
+        self.assertEqual((request, handled, active, taken), (0, 0, 0, 0))
         self.assertEqual(self.finish(proc), ("bad 0\n", ""))
 
     def test_exit_between_check_and_write(self):
@@ -739,14 +759,127 @@ class AttachSafetyTests(AttachTestCase):
                 tool.send_signal(signum)
                 out, err = tool.communicate(timeout=TIMEOUT)
                 self.assertEqual((tool.returncode, err), (1, ""))
-                self.assertIn("request withdrawn (interrupted); it was "
-                              "not changed", out)
+                self.assertIn("request withdrawn (interrupted); it "
+                              "changed nothing", out)
                 self.assertEqual(perf_trampoline.status(pid),
                                  (None, False))
                 proc.stdin.write("\n")
                 proc.stdin.flush()
                 self.assertEqual(proc.stdout.readline(), "False\n")
                 self.assertEqual(self.finish(proc), ("bad 0\n", ""))
+
+    # Issue 50: two tools at once each report what the target did with
+    # their own request.
+    def test_replaced_request_is_not_reported_done(self):
+        # Stopped, the target takes neither request until both are
+        # written: the second replaces the first, deterministically.
+        proc, pid = self.start("busy")
+        os.kill(pid, signal.SIGSTOP)
+        while proc_stat(pid)[0] != "T":
+            time.sleep(0.001)
+        first_written = threading.Event()
+        outcomes = {}
+
+        def first(stage):
+            if stage == "armed":
+                first_written.set()
+
+        def second(stage):
+            if stage == "armed":
+                os.kill(pid, signal.SIGCONT)
+
+        def send(name, hook):
+            outcomes[name] = perf_trampoline._request(
+                pid, perf_trampoline.REQUESTS[name], TIMEOUT, _hook=hook)
+
+        # A stopped target is not blocked for this test's purpose.
+        with unittest.mock.patch.object(perf_trampoline, "BLOCKED_AFTER",
+                                        TIMEOUT):
+            thread = threading.Thread(target=send, args=("perf", first))
+            thread.start()
+            try:
+                self.assertTrue(first_written.wait(TIMEOUT))
+                send("off", second)
+            finally:
+                os.kill(pid, signal.SIGCONT)
+                thread.join()
+        self.assertEqual(outcomes["perf"].state, "replaced")
+        self.assertEqual(outcomes["perf"].now, 0)
+        self.assertEqual((outcomes["off"].state, outcomes["off"].active,
+                          outcomes["off"].error), ("done", 0, 0))
+        self.assertEqual(perf_trampoline.status(pid), (None, False))
+        self.assertEqual(self.finish(proc), ("bad 0\n", ""))
+
+    def test_concurrent_attach_and_detach_tell_the_truth(self):
+        proc, pid = self.start("busy")
+        said = {"attach": "on (backend perf)", "detach": "off"}
+        since = "another request has been acted on since: perf " \
+                "trampolines are now "
+        for i in range(20):
+            # (A loaded machine may keep the target from running for a
+            # while: only a replaced request may make a tool exit 1.)
+            tools = {command: subprocess.Popen(
+                [sys.executable, "-I", "-m", "perf_trampoline", command,
+                 str(pid), "--timeout", str(TIMEOUT)],
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                env=clean_env()) for command in said}
+            reports = {}
+            for command, tool in tools.items():
+                out, err = tool.communicate(timeout=TIMEOUT)
+                self.assertEqual(err, "", f"round {i}")
+                reports[command] = (tool.returncode, out.splitlines())
+            # The target's own state, now that both tools are done.
+            final = "on (backend perf)" if perf_trampoline.status(pid)[0] \
+                else "off"
+            done = [command for command, (code, _) in reports.items()
+                    if code == 0]
+            self.assertTrue(done, f"round {i}: {reports}")
+            for command, (code, lines) in reports.items():
+                other = "detach" if command == "attach" else "attach"
+                if code != 0:
+                    # Its request never ran: the other one's did, last.
+                    self.assertEqual(code, 1, f"round {i}: {lines}")
+                    self.assertIn("another tool's request replaced this "
+                                  "one", lines[0])
+                    self.assertEqual(final, said[other], f"round {i}")
+                    continue
+                # Done: what its own request left, never the other's.
+                self.assertEqual(lines[0], f"process {pid}: perf "
+                                 f"trampolines are {said[command]}",
+                                 f"round {i}: {reports}")
+                if len(lines) > 1 and lines[1].startswith(since):
+                    # The other request ran after this one: last.
+                    self.assertEqual(lines[1], since + final)
+                    self.assertEqual(final, said[other], f"round {i}")
+                elif other not in done:
+                    self.assertEqual(final, said[command], f"round {i}")
+        self.assertEqual(self.finish(proc), ("bad 0\n", ""))
+
+    def test_older_control_block(self):
+        # Version 1 (an interpreter from before the tags), read from a
+        # file standing in for the process's memory: status reads it,
+        # attach refuses it with one line and writes nothing.
+        path = os.path.join(self.tmpdir, "memory")
+        block = struct.pack("<IIiiQIii", perf_trampoline.MAGIC, 1, 0, 0,
+                            0x1000, 3, 1, 0)
+        with open(path, "wb") as f:
+            f.write(block)
+        control = object.__new__(perf_trampoline._Control)
+        control.pid, control.address = 4242, 0
+        control.pidfd = control.proc = None
+        control.fd = os.open(path, os.O_RDWR)
+        self.addCleanup(control.close)
+        control.version = control._check()
+        self.assertEqual(perf_trampoline.status(control), ("perf", False))
+        with self.assertRaisesRegex(
+                perf_trampoline.RemoteError,
+                r"^process 4242 runs an older build of perf trampolines "
+                r"\(control block version 1\), whose answers cannot be "
+                r"told apart: switch it with the perf_trampoline tool of "
+                r"the Python it runs$"):
+            perf_trampoline.detach(control)
+        with open(path, "rb") as f:
+            self.assertEqual(f.read(), block)
 
     # Finding 3: the images are read through /proc, never by a path the
     # target controls.
@@ -813,17 +946,7 @@ class AttachSafetyTests(AttachTestCase):
 
     # Targets in another PID and mount namespace, by their host pid.
     def test_other_namespace(self):
-        unshare = shutil.which("unshare")
-        if os.geteuid() != 0 or unshare is None:
-            skip_environment("needs root and unshare (util-linux) for a "
-                             "process in its own PID namespace")
-        probe = subprocess.run([unshare, "-pf", "--mount-proc", "true"],
-                               stderr=subprocess.PIPE, text=True)
-        if probe.returncode != 0:
-            skip_environment(f"unshare -pf --mount-proc fails here: "
-                             f"{probe.stderr.strip()}")
-        proc, nspid = self.start("busy", prefix=[unshare, "-pf",
-                                                 "--mount-proc"])
+        proc, nspid = self.start("busy", prefix=unshare_pid_namespace())
         with open(f"/proc/{proc.pid}/task/{proc.pid}/children") as f:
             pid, = map(int, f.read().split())
         self.assertNotEqual(pid, nspid)

@@ -17,11 +17,13 @@ import sysconfig
 import tempfile
 import time
 import unittest
+from unittest import mock
 
 from test.test_perf_profiler.test_attach import INNER_CHAIN, TARGET
 from test.test_perf_profiler.util import (
     PerfTestCase, TIMEOUT, assert_refused, clean_env, needs_host,
-    parse_perf_script, perf_record_works, skip_environment, write_script)
+    parse_perf_script, perf_record_works, skip_environment,
+    unshare_pid_namespace, write_script)
 
 # Calls top -> mid -> leaf, then exits with status argv[1]; a SIGINT is
 # answered with a line, after a pause perf's SIGTERM would cut short.
@@ -67,6 +69,54 @@ for path in sys.argv[2:]:
 """
 NOBODY = 65534
 DEFAULT_NAME = "perf-record-%Y%m%d-%H%M%S"
+
+# Runs as pid 1 of a PID namespace of its own, where nothing else takes
+# pids: record -p follows test_attach's target, which exits while record
+# is stopped; a process started with -X perf then takes its pid.  Prints
+# whether it did, record's exit status, and that process's state after.
+REUSE_DRIVER = """\
+    import os, signal, subprocess, sys, time
+    import perf_trampoline
+    python, target, out, stop = sys.argv[1:]
+
+    def start(*options):
+        proc = subprocess.Popen([python, *options, target, "busy", stop],
+                                stdout=subprocess.PIPE, text=True)
+        proc.stdout.readline()
+        return proc
+
+    first = start()
+    record = subprocess.Popen(
+        [python, "-I", "-m", "perf_trampoline", "record", "-p",
+         str(first.pid), "--seconds", "60", "-o", out],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    # Until record has switched it and waits in its loop (sigtimedwait):
+    # stopped while it still switches, it would fail.
+    numbers = perf_trampoline._SYSCALLS[os.uname().machine]
+    sigtimedwait, = [str(n) for n, name in numbers.items()
+                     if name == "rt_sigtimedwait"]
+
+    def looping():
+        with open(f"/proc/{record.pid}/syscall") as f:
+            return f.read().split()[0] == sigtimedwait
+
+    while perf_trampoline.status(first.pid)[0] != "perf" or not looping():
+        time.sleep(0.01)
+    os.kill(record.pid, signal.SIGSTOP)
+    first.kill()
+    first.wait()
+    with open("/proc/sys/kernel/ns_last_pid", "w") as f:
+        f.write(str(first.pid - 1))
+    second = start("-X", "perf")
+    os.kill(record.pid, signal.SIGCONT)
+    _, err = record.communicate()
+    print("pid", first.pid, "reused", second.pid == first.pid, "record",
+          record.returncode, repr(err))
+    print("second", *perf_trampoline.status(second.pid))
+    open(stop, "w").close()
+    print("second's output", repr(second.communicate()[0]))
+    """
+
 # The -p tests record test_attach's target, mode "busy".
 # What record writes with any perf, in the order it prints them (a perf
 # with the gecko script adds gecko.json).
@@ -293,6 +343,70 @@ class RecordTests(RecordTestCase):
             tool.args, tool.returncode, stdout, stderr), "target.py",
             INNER_CHAIN)
         self.assertEqual(perf_trampoline.status(pid), (None, False))
+
+    def test_reused_pid_is_left_alone(self):
+        unshare = unshare_pid_namespace()
+        driver = write_script(self.tmpdir, REUSE_DRIVER, "driver.py")
+        target = write_script(self.tmpdir, TARGET, "target.py")
+        result = subprocess.run(
+            [*unshare, self.python, driver, self.python, target, self.out,
+             os.path.join(self.tmpdir, "stop")],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            env=self.env, cwd=self.tmpdir, timeout=TIMEOUT)
+        self.assertEqual(result.returncode, 0, result.stderr)
+        lines = result.stdout.splitlines()
+        # Both processes' maps are in the host's /tmp, by their pid in the
+        # namespace.
+        pid = lines[0].split()[1]
+        self.files.add_pid(pid)
+        self.assertEqual(lines[0].split()[2:6],
+                         ["reused", "True", "record", "0"], lines)
+        # record saw its target exit and wrote nothing more: the process
+        # that took the pid is still on.
+        self.assertEqual(lines[1], "second perf False")
+        self.assertEqual(lines[2], "second's output 'bad 0\\n'")
+
+class FollowTests(unittest.TestCase):
+    """record -- COMMAND follows the command's processes."""
+
+    def test_descendants_read_only_their_tree(self):
+        from perf_trampoline import _record
+        code = ("import subprocess, sys\n"
+                "child = subprocess.Popen([sys.executable, '-c', "
+                "'import sys; sys.stdin.read()'], stdin=subprocess.PIPE)\n"
+                "print(child.pid, flush=True)\n"
+                "sys.stdin.read()\n"
+                "child.stdin.close()\n"
+                "child.wait()\n")
+        proc = subprocess.Popen([sys.executable, "-c", code],
+                                stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, text=True)
+        self.addCleanup(proc.wait)
+        self.addCleanup(proc.stdin.close)
+        grandchild = int(proc.stdout.readline())
+        opened = []
+        real_open, real_listdir = os.open, os.listdir
+
+        def spy_open(path, *args, **kwargs):
+            opened.append(os.fsdecode(path))
+            return real_open(path, *args, **kwargs)
+
+        def spy_listdir(path="."):
+            opened.append(os.fsdecode(path))
+            return real_listdir(path)
+
+        with mock.patch("os.open", spy_open), \
+                mock.patch("os.listdir", spy_listdir):
+            found = _record.descendants(proc.pid)
+        self.assertEqual(found, [grandchild])
+        # Only the tree's own /proc entries: the cost does not grow with
+        # the host's processes.
+        tree = {str(proc.pid), str(grandchild)}
+        self.assertTrue(opened)
+        for path in opened:
+            self.assertEqual(path.split("/")[:2], ["", "proc"], path)
+            self.assertIn(path.split("/")[2:3], [[pid] for pid in tree],
+                          path)
 
 
 @needs_host("/proc/PID/mem")

@@ -312,6 +312,23 @@ def run_python(args, *, env=None, cwd=None, timeout=TIMEOUT):
     return proc.pid, completed
 
 
+def unshare_pid_namespace():
+    """The command (a list) that runs a command as pid 1 of a new PID
+    namespace with its own /proc; skips the test where that cannot be
+    done here."""
+    unshare = shutil.which("unshare")
+    if os.geteuid() != 0 or unshare is None:
+        skip_environment("needs root and unshare (util-linux) for a "
+                         "process in its own PID namespace")
+    command = [unshare, "-pf", "--mount-proc"]
+    probe = subprocess.run([*command, "true"], stderr=subprocess.PIPE,
+                           text=True)
+    if probe.returncode != 0:
+        skip_environment(f"unshare -pf --mount-proc fails here: "
+                         f"{probe.stderr.strip()}")
+    return command
+
+
 # ----------------------------------------------------------------------
 # Profiler files in /tmp
 
