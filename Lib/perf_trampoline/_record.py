@@ -707,7 +707,7 @@ def run(args):
                 inject(perf, out)
         except RecordError as exc:
             _warn(exc)
-            return 2
+            return exc.status
         finally:
             recorder.stop()
             host_maps = recorder.close_maps()
