@@ -32,6 +32,11 @@ extern "C" {
  * below and on the two helper files, never on each other.
  */
 
+/* The version of the perf trampolines patch set, defined here only:
+   sys._perf_trampoline_version, "python -VV" and
+   "python -m perf_trampoline --version" all show this string. */
+#define _PyPerf_PATCH_SET_VERSION "1.0"
+
 #include "pycore_code.h"          // _PyCodeObjectExtra
 #include "pycore_interp.h"        // PyInterpreterState.eval_frame
 

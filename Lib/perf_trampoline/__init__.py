@@ -45,7 +45,7 @@ are read where it is loaded, through the same /proc/PID/mem descriptor.
 
 Exit status: 0 the process switched (or, for status, was read); 1 this
 request has not switched it: it is pending, was withdrawn, or another
-tool's replaced it; 2 an error, the process was not changed.
+tool's replaced it; 2 an error or bad usage; the process was not changed.
 """
 
 import argparse
@@ -893,7 +893,8 @@ The process is never stopped: the request is written through /proc/PID/mem
 and acted on the next time the process runs Python code.  Exit status: 0
 switched (status: read), 1 not switched by this request (pending,
 withdrawn, or replaced by another tool's), 2 error (the process was not
-changed).
+changed) or usage error: without a command this help goes to stderr;
+"COMMAND --help" describes each command.
 """
 
 
@@ -909,23 +910,39 @@ class _Formatter(argparse.RawDescriptionHelpFormatter):
         super().__init__(prog, width=width - 2)
 
 
-def main(argv=None):
+def _version():
+    """The patch set's version and the interpreter's, for --version."""
+    return (f"perf trampolines {sys._perf_trampoline_version} on Python "
+            f"{sys.version.split()[0]}")
+
+
+def _parser():
+    """The command line's parser, and its subparsers action."""
     parser = argparse.ArgumentParser(
         prog="python3.11 -I -m perf_trampoline",
         description="Switch perf trampolines on or off in a running "
                     "Python process, so that perf shows its Python "
                     "functions.",
         epilog=EPILOG, formatter_class=_Formatter)
-    commands = parser.add_subparsers(dest="command", required=True)
+    parser.add_argument("--version", action="version", version=_version(),
+                        help="print the versions of the perf trampolines "
+                             "and of Python, and exit")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND",
+                                     title="commands")
+    pid_help = "the process: a CPython 3.11 with perf trampolines"
     for name, text in (("attach", "switch perf trampolines on"),
                        ("detach", "switch them off"),
                        ("status", "tell whether they are on")):
         command = commands.add_parser(name, help=text, description=text,
                                       formatter_class=_Formatter)
-        command.add_argument("pid", type=int)
+        command.add_argument("pid", type=int, help=pid_help)
         if name == "attach":
             command.add_argument("--backend", choices=["perf", "perf_jit"],
-                                 default="perf")
+                                 default="perf",
+                                 help="perf: a perf map, for perf record "
+                                      "-g (frame pointers); perf_jit: a "
+                                      "jitdump, for perf inject --jit "
+                                      "(default: perf)")
         if name != "status":
             command.add_argument("--timeout", type=float, default=2.0,
                                  help="seconds to wait for a running "
@@ -940,14 +957,30 @@ def main(argv=None):
             "perf looks once they have exited; follow them until then")
     commands.add_parser("save-maps", help=text, description=text,
                         formatter_class=_Formatter).add_argument(
-                            "pid", type=int, nargs="+")
+                            "pid", type=int, nargs="+",
+                            help="the processes whose maps to copy")
     from perf_trampoline import _record
     _record.add_parser(commands, _Formatter)
-    args = parser.parse_args(argv)
+    return parser, commands
+
+
+def main(argv=None):
+    parser, commands = _parser()
+    args, extra = parser.parse_known_args(argv)
+    if args.command is None:
+        if extra:
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        parser.print_help(sys.stderr)
+        return 2
+    if extra:
+        # argparse would say so with the top-level usage.
+        commands.choices[args.command].error(
+            f"unrecognized arguments: {' '.join(extra)}")
     if args.command == "save-maps":
         from perf_trampoline._namespaces import save_maps_main
         return save_maps_main(args.pid)
     if args.command == "record":
+        from perf_trampoline import _record
         return _record.run(args)
     pid = args.pid
     try:

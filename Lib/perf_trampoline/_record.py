@@ -1,16 +1,17 @@
 """python3.11 -m perf_trampoline record: perf with the right options, then
 the reports.
 
-    record [-o DIR] [--jit] [-F HZ] [--perf PATH] -- COMMAND [ARG...]
-    record -p PID [--seconds N] [-o DIR] [--jit] [-F HZ] [--perf PATH]
+    record [options] -- COMMAND [ARG...]
+    record [options] -p PID [--seconds N]
 
 Frame pointers (the default, backend "perf"):
-    perf record -g -e cpu-clock -F HZ
+    perf record --call-graph fp -e cpu-clock -F HZ
 --jit (backend "perf_jit", for builds without frame pointers):
     perf record -k 1 --call-graph dwarf -e cpu-clock -F HZ, then
     perf inject --jit into DIR/perf.data; needs perf >= 6.8, whose
     inject merges DWARF-unwound jitdump frames correctly.
-cpu-clock is a software event: it works in virtual machines too.
+cpu-clock is a software event: it works in virtual machines too.  -e,
+--call-graph and -a (system-wide) change those options of perf record.
 
 A COMMAND gets PYTHONPERFSUPPORT=1 (--jit: PYTHON_PERF_JIT_SUPPORT=1).
 perf runs it as its child, in its own process group; a small exec helper
@@ -50,6 +51,13 @@ from perf_trampoline import (RemoteError, _Control, _alive, _namespaces,
 # perf inject --jit merges DWARF-unwound jitdump frames correctly from 6.8.
 PERF_JIT_MIN = (6, 8)
 DEFAULT_HZ = 999
+DEFAULT_EVENT = "cpu-clock"
+# perf record --call-graph MODE: frame pointers, DWARF (with the bytes of
+# stack copied per sample), Intel's last branch records.
+CALL_GRAPH_RE = re.compile(r"fp|lbr|dwarf(,[1-9][0-9]*)?")
+# An event as perf names it: "cycles:u", "sched:sched_switch",
+# "cpu/event=0x3c,umask=0/", "r003c", "{cycles,instructions}".
+EVENT_RE = re.compile(r"[A-Za-z0-9_{][\w.:/,=@{}*+-]*")
 # How often the loop wakes: signals, the process tree, progress.
 TICK = 0.25
 # Namespace map copies, and progress lines when stderr is not a tty.
@@ -69,7 +77,9 @@ perf-record-YYYYmmdd-HHMMSS in the current directory.  A DIR that holds a
 perf.data is refused unless --force; so is a DIR reached through a
 symbolic link, or that another user owns or could write in, as is any
 directory above it (a sticky one of root's, such as /tmp, may be writable
-by all).  perf's own messages are in DIR/perf-record.log.
+by all).  perf's own messages are in DIR/perf-record.log.  Of the
+reports, gecko.json (for the Firefox Profiler) needs perf >= 6.7, which
+has its gecko script; with an older perf it is left out.
 
 COMMAND runs with PYTHONPERFSUPPORT=1 (--jit: PYTHON_PERF_JIT_SUPPORT=1),
 with the terminal's stdin, stdout and stderr; Ctrl-C reaches it as it would
@@ -82,12 +92,17 @@ Ctrl-C or SIGTERM, or when the process exits.  With --jit, samples taken
 before the switch have no jitdump.  Exit status 0.
 
 Exit status 2: bad input or an error (no perf, perf too old for --jit, a
-process that is not this patched Python, ...), said in one line.
+process that is not this patched Python, ...), said in one line; 127: the
+COMMAND was not found, 126: it cannot be run (as env(1) says).
 """
 
 
 class RecordError(Exception):
-    """Said in one line; exit status 2."""
+    """Said in one line; exit status `status` (default 2)."""
+
+    def __init__(self, message, status=2):
+        super().__init__(message)
+        self.status = status
 
 
 def add_parser(commands, formatter_class):
@@ -113,11 +128,24 @@ def add_parser(commands, formatter_class):
     parser.add_argument("-F", "--freq", type=int, default=DEFAULT_HZ,
                         metavar="HZ",
                         help=f"samples per second (default {DEFAULT_HZ})")
+    parser.add_argument("-e", "--event", default=DEFAULT_EVENT,
+                        help=f"the event to sample, as perf record -e "
+                             f"takes it (default {DEFAULT_EVENT}, a timer "
+                             f"that works in virtual machines too)")
+    parser.add_argument("--call-graph", metavar="MODE",
+                        help="how perf walks the stack: fp (frame "
+                             "pointers, the default) or lbr; "
+                             "dwarf[,BYTES] (the only mode with --jit, "
+                             "its default)")
+    parser.add_argument("-a", "--all-cpus", action="store_true",
+                        help="record every process on the machine while "
+                             "COMMAND runs (perf record -a)")
     parser.add_argument("--perf", metavar="PATH",
                         help="the perf to run (default: $PERF, else perf "
                              "on PATH)")
-    parser.add_argument("argv", nargs=argparse.REMAINDER,
-                        help=argparse.SUPPRESS)
+    parser.add_argument("argv", nargs=argparse.REMAINDER, metavar="COMMAND",
+                        help="the command to record and its arguments, "
+                             "after --")
     return parser
 
 
@@ -140,29 +168,36 @@ def find_perf(given, jit):
                               stderr=subprocess.STDOUT, text=True,
                               errors="replace", timeout=30)
     except (OSError, subprocess.TimeoutExpired) as exc:
-        raise RecordError(f"{path} does not run: {exc}") from None
+        raise RecordError(f"{path} does not run: {exc}; name another "
+                          f"perf with --perf PATH") from None
     match = re.search(r"perf version (\d+)\.(\d+)", proc.stdout)
     if proc.returncode != 0 or match is None:
         raise RecordError(f"{path} is not perf: 'version' said "
-                          f"{proc.stdout.strip()[:80]!r}")
+                          f"{proc.stdout.strip()[:80]!r}; name perf with "
+                          f"--perf PATH")
     version = (int(match.group(1)), int(match.group(2)))
     if jit and version < PERF_JIT_MIN:
         raise RecordError(
             f"--jit needs perf >= {PERF_JIT_MIN[0]}.{PERF_JIT_MIN[1]} (perf "
             f"inject --jit of DWARF-unwound frames); {path} is "
             f"{version[0]}.{version[1]}: name a newer one with --perf PATH "
-            f"or $PERF (this project's: tools/install-deps.sh jit)")
+            f"or $PERF (Debian 12: linux-perf from bookworm-backports), or "
+            f"record without --jit on a build with frame pointers")
     # Absolute: perf inject runs in the output directory.
     return os.path.abspath(path)
 
 
-def record_options(jit, hz):
-    """perf record's options for the mode."""
-    if jit:
-        # -k 1: CLOCK_MONOTONIC, the clock of the jitdump's timestamps.
-        return ["-k", "1", "--call-graph", "dwarf", "-e", "cpu-clock",
-                "-F", str(hz)]
-    return ["-g", "-e", "cpu-clock", "-F", str(hz)]
+def record_options(args):
+    """perf record's options for the parsed arguments `args` (checked by
+    _check_args())."""
+    # -k 1: CLOCK_MONOTONIC, the clock of the jitdump's timestamps.
+    options = ["-k", "1"] if args.jit else []
+    options += ["--call-graph",
+                args.call_graph or ("dwarf" if args.jit else "fp"),
+                "-e", args.event, "-F", str(args.freq)]
+    if args.all_cpus:
+        options.append("-a")
+    return options
 
 
 def inject(perf, out):
@@ -236,7 +271,7 @@ try:
 except OSError as exc:
     sys.stderr.write(f"perf_trampoline: cannot run {command[0]}: "
                      f"{exc.strerror}\\n")
-    os._exit(127)
+    os._exit(127 if isinstance(exc, FileNotFoundError) else 126)
 """
 
 
@@ -361,8 +396,7 @@ class Recorder:
         # can redirect (the exec helper closes it for the command).
         dir_fd = os.dup(self.out.fd)
         os.set_inheritable(dir_fd, True)
-        args = [self.perf, "record", *record_options(self.args.jit,
-                                                     self.args.freq),
+        args = [self.perf, "record", *record_options(self.args),
                 "-o", f"/proc/self/fd/{dir_fd}/{self.recorded}"]
         env = dict(os.environ)
         err_fd = None
@@ -584,7 +618,8 @@ def _out_dir(args):
         where = f"{exc.filename}: " if exc.filename not in (None, path) \
             else ""
         raise RecordError(f"cannot create {path}: {where}"
-                          f"{exc.strerror}") from None
+                          f"{exc.strerror}; name another directory with "
+                          f"-o DIR") from None
     if out.exists(_reports.DATA_NAME) and not args.force:
         out.close()
         raise RecordError(f"{out.path} holds a perf.data already: name "
@@ -605,9 +640,41 @@ def _check_args(args):
         raise RecordError("--seconds N (N > 0) goes with -p PID")
     if args.freq <= 0:
         raise RecordError("-F HZ must be a positive number")
-    if command and shutil.which(command[0]) is None:
-        raise RecordError(f"command not found: {command[0]}")
+    if not EVENT_RE.fullmatch(args.event):
+        raise RecordError(f"-e {args.event!r} is not an event name: "
+                          f"'perf list' lists them")
+    if args.call_graph is not None:
+        if not CALL_GRAPH_RE.fullmatch(args.call_graph):
+            raise RecordError(f"--call-graph {args.call_graph!r}: give fp, "
+                              f"dwarf, dwarf,BYTES or lbr")
+        if args.jit and not args.call_graph.startswith("dwarf"):
+            raise RecordError(f"--jit unwinds with DWARF: give --call-graph "
+                              f"dwarf[,BYTES], or record without --jit")
+    if args.all_cpus and args.pid is not None:
+        raise RecordError("-a records every process: give it with a "
+                          "COMMAND, or -p PID without it")
+    if command:
+        _check_command(command[0])
     return command
+
+
+def _check_command(name):
+    """RecordError unless `name` is a program to run, with the status env(1)
+    gives: 127 not found, 126 found but not executable."""
+    if shutil.which(name) is not None:
+        return
+    if os.sep in name:
+        found = os.path.exists(name)
+    else:
+        # Not an executable on PATH: a file there that is not is still
+        # found, as execvp() finds it.
+        found = shutil.which(name, mode=os.F_OK) is not None
+    if not found:
+        raise RecordError(f"command not found: {name}: check its name, or "
+                          f"give its path", status=127)
+    raise RecordError(f"cannot run {name}: not an executable file: give an "
+                      f"executable, or run it with its interpreter",
+                      status=126)
 
 
 def run(args):
@@ -620,7 +687,7 @@ def run(args):
         out = _out_dir(args)
     except RecordError as exc:
         _warn(exc)
-        return 2
+        return exc.status
     with out:
         # Signals wait for the loop (sigtimedwait), which decides: nothing
         # may interrupt a switch of the target or its switching back.
@@ -640,7 +707,7 @@ def run(args):
                 inject(perf, out)
         except RecordError as exc:
             _warn(exc)
-            return 2
+            return exc.status
         finally:
             recorder.stop()
             host_maps = recorder.close_maps()
@@ -663,11 +730,10 @@ def _report(recorder, perf, out, command, samples, host_maps):
     paths = [recorder.data] if samples else []
     if samples:
         try:
-            for what, path in _reports.write_reports(perf, out):
-                if path is None:
-                    _warn(what)
-                else:
-                    paths.append(path)
+            # A report this perf cannot write (gecko.json) is said in
+            # --help, not here on every run.
+            paths += [path for _, path in _reports.write_reports(perf, out)
+                      if path is not None]
         except _reports.ReportError as exc:
             _warn(f"no reports: {exc}")
             exit_code = exit_code or 2
