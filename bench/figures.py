@@ -26,8 +26,8 @@ RESULTS = os.path.join(HERE, "results.json")
 
 # run_bench.py's ratio names kept in the results file, in this order.
 RATIOS = ("release on/off", "ours on/off", "3.12 on/off", "3.13 on/off",
-          "ours off/stock", "release off/theirs", "release on/theirs",
-          "packaged off/theirs", "packaged on/theirs")
+          "ext on/off", "ours off/stock", "release off/theirs",
+          "release on/theirs", "packaged off/theirs", "packaged on/theirs")
 SIDE_CONFIGS = {"-X perf": "perf", "-X perf_jit": "perf_jit"}
 # What the README's table cannot do without.
 NEEDED = ("ours on/off", "3.12 on/off", "3.13 on/off", "ours off/stock",
@@ -139,6 +139,27 @@ def readme_costs(f):
     return out
 
 
+def readme_ext(f):
+    """perftramp311 on Debian's python3.11 beside upstream 3.12's -X perf."""
+    ratios = f["ratios"]
+    if "ext on/off" not in ratios:
+        return ["(No make bench run has measured it yet.)"]
+    names = ("ext on/off", "3.12 on/off")
+
+    def cells(key):
+        return [r2(ratios[n][key] if key.startswith("geo")
+                   else ratios[n]["workloads"].get(key)) for n in names]
+
+    rows = [["geomean of the %d call-heavy workloads" % len(f["call_heavy"])]
+            + cells("geomean call-heavy"),
+            ["recursive calls (`fib`)"] + cells("fib"),
+            ["generators"] + cells("generators"),
+            ["closures"] + cells("closures")]
+    out = ["%s, %s, %d runs:" % (f["date"], f["machine"], f["runs"]), "",
+           "| on/off | perftramp311 | upstream 3.12 |", "| --- | --- | --- |"]
+    return out + ["| " + " | ".join(row) + " |" for row in rows]
+
+
 def bench_ratios(f):
     ratios = f["ratios"]
     names = [n for n in RATIOS if n in ratios]
@@ -180,7 +201,7 @@ def bench_side(f):
 
 # Which table goes into which document.
 BLOCKS = {
-    "README.md": {"costs": readme_costs},
+    "README.md": {"costs": readme_costs, "ext-costs": readme_ext},
     "bench/README.md": {"ratios": bench_ratios, "side-costs": bench_side},
 }
 
