@@ -51,8 +51,8 @@ import stat
 import sys
 import time
 
-from perf_trampoline import (RemoteError, _innermost_pid, _parse_stat,
-                             _warn)
+from perf_trampoline._elf import RemoteError
+from perf_trampoline._procfs import _innermost_pid, _parse_stat, _warn
 
 __all__ = ["NamespaceMaps", "MapsError", "save_maps_main"]
 

@@ -43,10 +43,10 @@ import subprocess
 import sys
 import time
 
-from perf_trampoline import (RemoteError, _Control, _alive, _namespaces,
-                             _output, _read_small, _reports, _warn, attach,
-                             detach,
-                             status)
+from perf_trampoline import _namespaces, _output, _reports
+from perf_trampoline._attach import _Control, attach, detach, status
+from perf_trampoline._elf import RemoteError
+from perf_trampoline._procfs import _alive, _read_small, _warn
 
 # perf inject --jit merges DWARF-unwound jitdump frames correctly from 6.8.
 PERF_JIT_MIN = (6, 8)

@@ -21,6 +21,8 @@ import unittest.mock
 from textwrap import dedent
 
 import perf_trampoline
+from perf_trampoline import _attach, _elf, _procfs
+from perf_trampoline import __main__ as command_line
 from test.test_perf_profiler.util import (
     CHAIN, CHAIN_SOURCE, PerfTestCase, TIMEOUT, assert_refused, clean_env,
     jitdump_path, map_written_since, needs_host, perf_record_works, read_map,
@@ -502,8 +504,8 @@ def elf_file(path, *, data=None, **fields):
 # be.
 @needs_host("the interpreter's ELF file and /proc/self/mem")
 class ELFReaderTests(unittest.TestCase):
-    """perf_trampoline.dynamic_symbol() reads only what it needs, checks
-    every offset, and refuses what is not a regular ELF file."""
+    """perf_trampoline._elf.dynamic_symbol() reads only what it needs,
+    checks every offset, and refuses what is not a regular ELF file."""
 
     def setUp(self):
         self.tmpdir = os.path.realpath(self.enterContext(
@@ -512,12 +514,12 @@ class ELFReaderTests(unittest.TestCase):
     def symbol(self, path, flags=os.O_RDONLY | os.O_NONBLOCK):
         fd = os.open(path, flags)
         try:
-            return perf_trampoline.dynamic_symbol(fd, b"_PyPerf_remote")
+            return _elf.dynamic_symbol(fd, b"_PyPerf_remote")
         finally:
             os.close(fd)
 
     def assertMalformed(self, path, message):
-        with self.assertRaisesRegex(perf_trampoline.ELFError, message):
+        with self.assertRaisesRegex(_elf.ELFError, message):
             self.symbol(path)
 
     def test_interpreter(self):
@@ -594,7 +596,7 @@ class ELFReaderTests(unittest.TestCase):
         import ctypes
         expected = ctypes.addressof(
             ctypes.c_int.in_dll(ctypes.pythonapi, "_PyPerf_remote"))
-        mappings = perf_trampoline._mappings(os.getpid())
+        mappings = _procfs._mappings(os.getpid())
         with open("/proc/self/maps") as f:
             for line in f:
                 fields = line.split(maxsplit=5)
@@ -609,16 +611,16 @@ class ELFReaderTests(unittest.TestCase):
         def read(address, size):
             return os.pread(fd, size, address)
 
-        self.assertEqual(perf_trampoline.loaded_symbol(
+        self.assertEqual(_elf.loaded_symbol(
             read, base, b"_PyPerf_remote"), expected)
-        self.assertIsNone(perf_trampoline.loaded_symbol(
+        self.assertIsNone(_elf.loaded_symbol(
             read, base, b"_PyPerf_no_such_symbol"))
-        with self.assertRaisesRegex(perf_trampoline.ELFError,
+        with self.assertRaisesRegex(_elf.ELFError,
                                     "the ELF header is not mapped"):
-            perf_trampoline.loaded_symbol(lambda a, n: b"", base, b"x")
-        with self.assertRaisesRegex(perf_trampoline.ELFError,
+            _elf.loaded_symbol(lambda a, n: b"", base, b"x")
+        with self.assertRaisesRegex(_elf.ELFError,
                                     "not a 64-bit little-endian"):
-            perf_trampoline.loaded_symbol(lambda a, n: bytes(n), base,
+            _elf.loaded_symbol(lambda a, n: bytes(n), base,
                                           b"x")
 
     def test_reads_little(self):
@@ -637,7 +639,7 @@ class AttachSafetyTests(AttachTestCase):
     """What issue 37 found in the attach, each shown fixed."""
 
     def control(self, pid):
-        with perf_trampoline._Control(pid, writable=False) as control:
+        with _attach._Control(pid, writable=False) as control:
             return control.address, control.read()
 
     # Finding 1: a write after exec or exit fails instead of landing in
@@ -647,7 +649,7 @@ class AttachSafetyTests(AttachTestCase):
         proc, pid = self.start("exec")
         fd = os.open(f"/proc/{pid}/mem", os.O_RDWR)
         self.addCleanup(os.close, fd)
-        address = perf_trampoline._control_address(pid, fd)
+        address = _attach._control_address(pid, fd)
         self.assertEqual(len(os.pread(fd, 4, address)), 4)
         proc.stdin.write("\n")
         proc.stdin.flush()
@@ -676,7 +678,7 @@ class AttachSafetyTests(AttachTestCase):
                                     "exited or exec'd another program "
                                     "while the tool looked at it: nothing "
                                     "was written"):
-            perf_trampoline._request(pid, perf_trampoline.REQUESTS["perf"],
+            _attach._request(pid, _attach.REQUESTS["perf"],
                                      2.0, _hook=exec_now)
         _, (request, _, handled, active, taken) = self.control(pid)
         self.assertEqual((request, handled, active, taken), (0, 0, 0, 0))
@@ -692,7 +694,7 @@ class AttachSafetyTests(AttachTestCase):
 
         with self.assertRaisesRegex(perf_trampoline.RemoteError,
                                     "nothing was written"):
-            perf_trampoline._request(pid, perf_trampoline.REQUESTS["perf"],
+            _attach._request(pid, _attach.REQUESTS["perf"],
                                      2.0, _hook=exit_now)
 
     # Finding 2: the tool killed at any instant never leaves the target
@@ -710,7 +712,7 @@ class AttachSafetyTests(AttachTestCase):
                     null = os.open(os.devnull, os.O_WRONLY)
                     os.dup2(null, 1)
                     os.dup2(null, 2)
-                    code = perf_trampoline.main([command, str(pid)])
+                    code = command_line.main([command, str(pid)])
                 finally:
                     os._exit(code)
             return child
@@ -789,11 +791,11 @@ class AttachSafetyTests(AttachTestCase):
                 os.kill(pid, signal.SIGCONT)
 
         def send(name, hook):
-            outcomes[name] = perf_trampoline._request(
-                pid, perf_trampoline.REQUESTS[name], TIMEOUT, _hook=hook)
+            outcomes[name] = _attach._request(
+                pid, _attach.REQUESTS[name], TIMEOUT, _hook=hook)
 
         # A stopped target is not blocked for this test's purpose.
-        with unittest.mock.patch.object(perf_trampoline, "BLOCKED_AFTER",
+        with unittest.mock.patch.object(_attach, "BLOCKED_AFTER",
                                         TIMEOUT):
             thread = threading.Thread(target=send, args=("perf", first))
             thread.start()
@@ -860,11 +862,11 @@ class AttachSafetyTests(AttachTestCase):
         # file standing in for the process's memory: status reads it,
         # attach refuses it with one line and writes nothing.
         path = os.path.join(self.tmpdir, "memory")
-        block = struct.pack("<IIiiQIii", perf_trampoline.MAGIC, 1, 0, 0,
+        block = struct.pack("<IIiiQIii", _attach.MAGIC, 1, 0, 0,
                             0x1000, 3, 1, 0)
         with open(path, "wb") as f:
             f.write(block)
-        control = object.__new__(perf_trampoline._Control)
+        control = object.__new__(_attach._Control)
         control.pid, control.address = 4242, 0
         control.pidfd = control.proc = None
         control.fd = os.open(path, os.O_RDWR)
@@ -938,8 +940,8 @@ class AttachSafetyTests(AttachTestCase):
             if stage == "armed":
                 os.pwrite(fd, b"\0\0\0\0", breaker)
 
-        outcome = perf_trampoline._request(
-            pid, perf_trampoline.REQUESTS["perf"], TIMEOUT, _hook=recompute)
+        outcome = _attach._request(
+            pid, _attach.REQUESTS["perf"], TIMEOUT, _hook=recompute)
         self.assertEqual((outcome.state, outcome.active, outcome.error),
                          ("done", 1, 0))
         self.assertEqual(self.finish(proc), ("bad 0\n", ""))

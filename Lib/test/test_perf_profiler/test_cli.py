@@ -17,7 +17,7 @@ import sys
 import tempfile
 import unittest
 
-import perf_trampoline
+from perf_trampoline import __main__ as command_line
 from test.test_perf_profiler.util import TIMEOUT, assert_refused, clean_env
 
 PROG = "python3.11 -I -m perf_trampoline"
@@ -77,7 +77,7 @@ class UsageTests(unittest.TestCase):
                       f"'frobnicate'", result.stderr)
 
     def test_every_argument_has_help(self):
-        parser, commands = perf_trampoline._parser()
+        parser, commands = command_line._parser()
         self.assertEqual(list(commands.choices), COMMANDS)
         described = [choice.dest for choice in commands._choices_actions
                      if choice.help]

@@ -77,6 +77,7 @@ DEFAULT_NAME = "perf-record-%Y%m%d-%H%M%S"
 REUSE_DRIVER = """\
     import os, signal, subprocess, sys, time
     import perf_trampoline
+    from perf_trampoline._attach import _SYSCALLS
     python, target, out, stop = sys.argv[1:]
 
     def start(*options):
@@ -92,7 +93,7 @@ REUSE_DRIVER = """\
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     # Until record has switched it and waits in its loop (sigtimedwait):
     # stopped while it still switches, it would fail.
-    numbers = perf_trampoline._SYSCALLS[os.uname().machine]
+    numbers = _SYSCALLS[os.uname().machine]
     sigtimedwait, = [str(n) for n, name in numbers.items()
                      if name == "rt_sigtimedwait"]
 
