@@ -13,7 +13,7 @@ import os
 import subprocess
 import unittest
 
-from test.test_perf_profiler.test_jit import (
+from test.test_perf_profiler.jitlib import (
     NOFP_PYTHON, PERF, TIMEOUT, perf_jit_skip_reason)
 from test.test_perf_profiler.util import (
     PerfTestCase, clean_env, needs_host, skip_environment, write_script)

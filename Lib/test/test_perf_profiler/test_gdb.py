@@ -535,7 +535,7 @@ class GdbJitImageTests(PerfTestCase):
 
     def test_images(self):
         # Rules derived from the template's disassembly, as test_jit does.
-        from test.test_perf_profiler.test_jit import (
+        from test.test_perf_profiler.jitlib import (
             HOST_MACHINE, check_slot_fde, disassemble, make_elf,
             running_template, unwind_info_from_c)
         if HOST_MACHINE is None:

@@ -180,7 +180,7 @@ class NamespaceMapsTest(PerfTestCase):
         # (Switched on before perf starts, the dump would be described
         # from /proc/PID/maps, which names it from perf's root: in a
         # chroot, as in make test-fresh, a path perf inject cannot open.)
-        from test.test_perf_profiler.test_jit import (
+        from test.test_perf_profiler.jitlib import (
             PERF, perf_jit_skip_reason)
         reason = perf_jit_skip_reason()
         if reason:

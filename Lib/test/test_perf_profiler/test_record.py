@@ -674,12 +674,12 @@ class RecordJitTests(RecordTestCase):
         if not sysconfig.get_config_var("PY_HAVE_PERF_JIT_TRAMPOLINE"):
             raise unittest.SkipTest("this Python was built without the "
                                     "perf_jit backend")
-        from test.test_perf_profiler import test_jit
-        reason = test_jit.perf_jit_skip_reason()
+        from test.test_perf_profiler import jitlib
+        reason = jitlib.perf_jit_skip_reason()
         if reason:
             skip_environment(reason)
-        cls.perf = test_jit.PERF
-        cls.python = test_jit.NOFP_PYTHON
+        cls.perf = jitlib.PERF
+        cls.python = jitlib.NOFP_PYTHON
 
     def test_command(self):
         result = self.tool("--jit", "--perf", self.perf, "-o", self.out,

@@ -261,7 +261,7 @@ class FrameRegisterTests(unittest.TestCase):
     between two frame records only if it leaves the register alone."""
 
     def test_only_frame_records_write_the_frame_pointer(self):
-        from test.test_perf_profiler.test_jit import (
+        from test.test_perf_profiler.jitlib import (
             HOST_MACHINE, disassemble_functions)
         register = FRAME_REGISTER.get(platform.machine())
         if register is None:
