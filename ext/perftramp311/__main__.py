@@ -1,5 +1,6 @@
 """python3.11 -m perftramp311 [--backend perf_jit|perf] app.py [args]
 python3.11 -m perftramp311 [--backend ...] -m module [args]
+python3.11 -m perftramp311 [--backend ...] -c command [args]
 python3.11 -m perftramp311 record [-o DIR] [-F HZ] app.py|-m module [args]
 python3.11 -m perftramp311 --status
 
@@ -14,6 +15,7 @@ import runpy
 import shutil
 import subprocess
 import sys
+import types
 
 import perftramp311
 
@@ -84,13 +86,23 @@ def main(argv):
     if perftramp311.REFUSED is not None:
         print(perftramp311.REFUSED, file=sys.stderr)
         return 2
+    if argv[0] in ("-m", "-c") and len(argv) < 2:
+        print(USAGE, file=sys.stderr)
+        return 2
     if argv[0] == "-m":
-        if len(argv) < 2:
-            print(USAGE, file=sys.stderr)
-            return 2
         sys.argv = argv[1:]
         perftramp311.activate(backend)
         runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
+    elif argv[0] == "-c":
+        # As python -c: argv[0] is "-c", the current directory first on
+        # the path, the code in __main__'s namespace.
+        sys.argv = ["-c", *argv[2:]]
+        sys.path[0] = ""
+        code = compile(argv[1], "<string>", "exec")
+        module = types.ModuleType("__main__")
+        sys.modules["__main__"] = module
+        perftramp311.activate(backend)
+        exec(code, module.__dict__)
     else:
         # As the interpreter runs a script: its directory first on the
         # path, its code named by its absolute path.

@@ -261,10 +261,14 @@ class TestStockInterpreter(FilesMixin, unittest.TestCase):
             script = run(["-m", "perftramp311", "app.py", "a", "-b"],
                          cwd=tmp)
             module = run(["-m", "perftramp311", "-m", "app", "c"], cwd=tmp)
-        for proc, argv in ((script, "['a', '-b']"), (module, "['c']")):
+            command = run(["-m", "perftramp311", "-c", "import app", "d"],
+                          cwd=tmp)
+        for proc, argv, name in ((script, "['a', '-b']", "__main__"),
+                                 (module, "['c']", "__main__"),
+                                 (command, "['d']", "app")):
             self.assertEqual(proc.returncode, 0, proc.stderr)
             pid, rest = proc.stdout.split(" ", 1)
-            self.assertEqual(rest, f"__main__ {argv} True\n")
+            self.assertEqual(rest, f"{name} {argv} True\n")
             self.assertIn("py::<module>:" + os.path.join(tmp, "app.py"),
                           jitdump_names(int(pid)))
 
