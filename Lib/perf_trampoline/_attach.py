@@ -140,8 +140,10 @@ def _control_address(pid, mem):
         raise RemoteError(f"process {pid} runs {exe}, which it does not "
                           f"map: not a Python process")
     raise RemoteError(f"process {pid} runs {exe}, which has no perf "
-                      f"trampolines: it is not a CPython 3.11 built with "
-                      f"them")
+                      f"trampolines to switch from outside: start it with "
+                      f"-X perf on this interpreter, or, on a stock 3.11, "
+                      f"with perftramp311 installed and "
+                      f"PYTHONPERFSUPPORT=1")
 
 
 class _Control:
