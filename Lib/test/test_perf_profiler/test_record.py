@@ -61,12 +61,6 @@ COMMAND = """\
 
 CHAIN = ["leaf", "mid", "top"]
 
-# Run as another user: a symbolic link to argv[1] at each of argv[2:].
-PLANT_LINKS = """\
-import os, sys
-for path in sys.argv[2:]:
-    os.symlink(sys.argv[1], path)
-"""
 NOBODY = 65534
 DEFAULT_NAME = "perf-record-%Y%m%d-%H%M%S"
 
@@ -543,10 +537,23 @@ class RecordErrorTests(RecordTestCase):
         return sticky, ours
 
     def plant_links(self, target, paths):
-        """Links to `target` at `paths`, put there by user nobody."""
-        subprocess.run([sys.executable, "-I", "-S", "-c", PLANT_LINKS,
-                        target, *paths], user=NOBODY, group=NOBODY,
-                       extra_groups=[], check=True, timeout=TIMEOUT)
+        """Links to `target` at `paths`, put there by user nobody: in a
+        forked child, since nobody may not run this interpreter (it can
+        live below root's 0700 home)."""
+        pid = os.fork()
+        if pid == 0:
+            status = 1
+            try:
+                os.setgroups([])
+                os.setgid(NOBODY)
+                os.setuid(NOBODY)
+                for path in paths:
+                    os.symlink(target, path)
+                status = 0
+            finally:
+                os._exit(status)
+        _, status = os.waitpid(pid, 0)
+        self.assertEqual(os.waitstatus_to_exitcode(status), 0)
         for path in paths:
             self.assertEqual(os.lstat(path).st_uid, NOBODY)
 
