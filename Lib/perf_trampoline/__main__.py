@@ -70,7 +70,18 @@ def _version():
             f"{sys.version.split()[0]}")
 
 
-def _parser():
+def _needs_record(argv):
+    """Whether parsing `argv` may need record's parser: its import (perf
+    script's reports) would be a third of attach's start-up."""
+    for arg in argv:
+        if arg in ("-h", "--help"):
+            return True         # the help lists every command
+        if not arg.startswith("-"):
+            return arg not in ("attach", "detach", "status", "save-maps")
+    return True
+
+
+def _parser(with_record=True):
     """The command line's parser, and its subparsers action."""
     parser = argparse.ArgumentParser(
         prog="python3.11 -I -m perf_trampoline",
@@ -113,13 +124,16 @@ def _parser():
                         formatter_class=_Formatter).add_argument(
                             "pid", type=int, nargs="+",
                             help="the processes whose maps to copy")
-    from perf_trampoline import _record
-    _record.add_parser(commands, _Formatter)
+    if with_record:
+        from perf_trampoline import _record
+        _record.add_parser(commands, _Formatter)
     return parser, commands
 
 
 def main(argv=None):
-    parser, commands = _parser()
+    if argv is None:
+        argv = sys.argv[1:]
+    parser, commands = _parser(_needs_record(argv))
     args, extra = parser.parse_known_args(argv)
     if args.command is None:
         if extra:

@@ -90,6 +90,26 @@ class UsageTests(unittest.TestCase):
                     self.assertIsNotNone(action.help)
                     self.assertNotEqual(action.help, argparse.SUPPRESS)
 
+    def test_record_is_imported_only_when_needed(self):
+        # Its reports' modules would slow down every attach.
+        code = ("import sys\n"
+                "from perf_trampoline.__main__ import main\n"
+                "try:\n"
+                "    main(sys.argv[1:])\n"
+                "except SystemExit:\n"
+                "    pass\n"
+                "print('perf_trampoline._record' in sys.modules)")
+        for args, imported in ((["status", "0"], False),
+                               (["attach", "--timeout", "0", "0"], False),
+                               (["save-maps", "--bogus"], False),
+                               (["record", "--help"], True),
+                               (["-h", "attach"], True),
+                               ([], True)):
+            with self.subTest(args=args):
+                result = run(sys.executable, "-I", "-c", code, *args)
+                self.assertEqual(result.stdout.splitlines()[-1],
+                                 str(imported), result.stderr)
+
     def test_version(self):
         result = tool("--version")
         self.assertEqual((result.returncode, result.stderr), (0, ""))
