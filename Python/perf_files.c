@@ -130,13 +130,22 @@ open_above_stdio(const char *path, int flags, mode_t mode)
 }
 
 /* The wall-clock time this process started, from its start in clock
-   ticks after boot (/proc/self/stat, field 22).  Returns 0, or -1 if it
-   cannot be had. */
+   ticks after boot (field 22 of its main thread's stat file, the same as
+   /proc/self/stat's, which qemu-user makes up anew at each exec).
+   Returns 0, or -1 if it cannot be had. */
 static int
 process_start_time(struct timespec *start)
 {
     char buf[1024];
-    int fd = open("/proc/self/stat", O_RDONLY | O_CLOEXEC);
+    /* Only this process's threads are under /proc/self/task: in another
+       PID namespace's /proc, the number is missing or one of our
+       threads, never another process's. */
+    PyOS_snprintf(buf, sizeof(buf), "/proc/self/task/%ld/stat",
+                  (long)getpid());
+    int fd = open(buf, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        fd = open("/proc/self/stat", O_RDONLY | O_CLOEXEC);
+    }
     if (fd < 0) {
         return -1;
     }
