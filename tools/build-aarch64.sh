@@ -14,7 +14,10 @@ set -euo pipefail
 QEMU=$(command -v qemu-aarch64-static || true)
 [ -n "$QEMU" ] || { echo "build-aarch64: qemu-aarch64-static is not installed (make deps)" >&2; exit 1; }
 S=$AARCH64_SYSROOT
+# Debian's arm64 C library for the cross compiler (libc6-arm64-cross).
+CROSS_LIB=/usr/aarch64-linux-gnu/lib
 LIBDIRS=$S/usr/lib/aarch64-linux-gnu:$S/lib/aarch64-linux-gnu
+INTERP=-Wl,--dynamic-linker=$CROSS_LIB/ld-linux-aarch64.so.1
 
 TREE=$AARCH64_TREE "$ROOT/tools/assemble.sh"
 # pkg-config answers for the arm64 .pc files, with the sysroot in front.
@@ -25,28 +28,38 @@ export PKG_CONFIG_SYSROOT_DIR=$S
 # pkg-config must not drop -I flags for being in CPATH.
 export CC=aarch64-linux-gnu-gcc CPATH=$S/usr/include/aarch64-linux-gnu
 export PKG_CONFIG_ALLOW_SYSTEM_CFLAGS=1
-# The rpath finds the sysroot's libraries at run time; configure cannot
+# The rpath finds the sysroot's libraries at run time, and the dynamic
+# linker is named by its host path: qemu then runs the interpreter without
+# -L, which would show the program that directory as "/" (a walk from /,
+# as record's output directory makes, would land there).  configure cannot
 # probe files of the target's /dev or run its getaddrinfo().
 "$ROOT/tools/build.sh" "$AARCH64_TREE" "$@" \
     --build=x86_64-linux-gnu --host=aarch64-linux-gnu \
     --with-build-python="$ROOT/build/cpython/python" \
     CFLAGS=-mbranch-protection=standard \
     CPPFLAGS="-I$S/usr/include -I$S/usr/include/aarch64-linux-gnu" \
-    LDFLAGS="-L${LIBDIRS//:/ -L} -Wl,-rpath,$LIBDIRS" \
+    LDFLAGS="-L${LIBDIRS//:/ -L} -Wl,-rpath,$LIBDIRS:$CROSS_LIB $INTERP" \
     ac_cv_file__dev_ptmx=yes ac_cv_file__dev_ptc=no ac_cv_buggy_getaddrinfo=no
 
 # run-qemu runs an aarch64 program (on the CPU model PERF_QEMU_CPU, by
-# default "max": BTI and PAC enforced); python-qemu the interpreter, passing
-# itself as argv[0]: the interpreter takes that for sys.executable, so
-# the interpreters it starts run under qemu too (no binfmt_misc
-# registration needed).  Both exec: the pid stays the program's.
+# default "max": BTI and PAC enforced), finding the usual dynamic linker
+# through -L unless told --no-prefix; python-qemu the interpreter (no -L,
+# see above), passing itself as argv[0]: the interpreter takes that for
+# sys.executable, so the interpreters it starts run under qemu too (no
+# binfmt_misc registration needed).  Both exec: the pid stays the
+# program's.
 cat >"$AARCH64_TREE/run-qemu" <<EOF
 #!/bin/sh
-exec $QEMU -cpu "\${PERF_QEMU_CPU:-max}" -L /usr/aarch64-linux-gnu "\$@"
+if [ "\$1" = --no-prefix ]; then
+    shift
+else
+    set -- -L /usr/aarch64-linux-gnu "\$@"
+fi
+exec $QEMU -cpu "\${PERF_QEMU_CPU:-max}" "\$@"
 EOF
 cat >"$AARCH64_TREE/python-qemu" <<EOF
 #!/bin/sh
-exec "$AARCH64_TREE/run-qemu" -0 "\$0" "$AARCH64_TREE/python" "\$@"
+exec "$AARCH64_TREE/run-qemu" --no-prefix -0 "\$0" "$AARCH64_TREE/python" "\$@"
 EOF
 chmod +x "$AARCH64_TREE/run-qemu" "$AARCH64_TREE/python-qemu"
 # The extension modules the tests need, built and loadable.
