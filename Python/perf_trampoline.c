@@ -248,8 +248,10 @@ init_arenas(void)
 static char *
 new_slot(size_t span)
 {
-    size_t size = _Py_SIZE_ROUND_UP(Py_MAX(span, _PyPerf_core.code_size),
-                                    _PyPerf_core.slot_size);
+    /* Whole slots: slot_size need not be a power of two. */
+    size_t slots = (Py_MAX(span, _PyPerf_core.code_size)
+                    + _PyPerf_core.slot_size - 1) / _PyPerf_core.slot_size;
+    size_t size = slots * _PyPerf_core.slot_size;
     if ((size_t)(_PyPerf_core.limit - _PyPerf_core.next) < size
         && new_arena() < 0)
     {
