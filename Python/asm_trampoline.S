@@ -18,12 +18,27 @@
  *
  * compiled with frame pointers and without tail calls: the template sets up
  * a frame record of its own, so a frame-pointer unwinder walking out of
- * _PyEval_EvalFrameDefault finds a return address inside the trampoline
- * (and so its name), then, through the trampoline's frame record, its
- * caller.  The unwind description in
- * Python/perf_unwind.c (for perf_jit and gdb) follows these instructions
- * one by one; change both together.
+ * the function it calls finds a return address inside the trampoline (and
+ * so its name), then, through the trampoline's frame record, its caller.
+ *
+ * Below its frame record it leaves RECORD_AREA + 16 bytes for
+ * _PyEval_EvalFrameDefault, and the address it returns to right below the
+ * record, where the evaluator finds it (Python/ceval.c): the evaluator,
+ * which keeps no frame record of its own, makes the word below that the
+ * pointer to the trampoline's record, which gives a record naming the
+ * trampoline, and keeps one in the area for each Python call it runs
+ * inline.  Any other function called (a stock evaluator, another PEP 523
+ * function) makes its own record naming the trampoline, and the bytes stay
+ * unused.  Only -X perf pays that stack, and only per trampoline call.
+ * The unwind description (Python/perf_unwind.c, for perf_jit and gdb)
+ * finds the CFA from the stack pointer, never from the frame pointer,
+ * which the evaluator moves; it follows these instructions one by one:
+ * change both together.
  */
+
+/* _PyPerf_RECORDS * sizeof(_PyPerf_Record), from pycore_perf.h: room for
+   the records of the calls the evaluator runs inline. */
+#define RECORD_AREA 128
 
 /* A GNU property note declaring the hardening features this object
    supports.  Without it, linking this object would strip them (IBT and
@@ -56,7 +71,13 @@ _PyPerf_TemplateStart:
     LANDING_PAD                 /* indirect call target under IBT */
     push    %rbp                /* frame record: saved %rbp ...        */
     mov     %rsp, %rbp          /* ... below the return address        */
+    lea     1f(%rip), %rax
+    push    %rax                /* where eval returns to               */
+    sub     $(RECORD_AREA + 8), %rsp
     call    *%rcx               /* eval(tstate, frame, throwflag)      */
+    .globl  _PyPerf_TemplateReturn
+_PyPerf_TemplateReturn:
+1:  add     $(RECORD_AREA + 16), %rsp
     pop     %rbp
     ret
     .globl  _PyPerf_TemplateEnd
@@ -94,10 +115,16 @@ _PyPerf_TemplateEnd:
 _PyPerf_TemplateStart:
     BTI_C                       /* indirect call target under BTI */
     SIGN_LR                     /* sign x30 with sp as modifier */
-    stp     x29, x30, [sp, #-16]!   /* frame record: fp, lr */
-    mov     x29, sp
+    sub     sp, sp, #(RECORD_AREA + 32)
+    stp     x29, x30, [sp, #(RECORD_AREA + 16)]  /* frame record */
+    add     x29, sp, #(RECORD_AREA + 16)
+    adr     x16, 1f
+    str     x16, [sp, #(RECORD_AREA + 8)]   /* where eval returns to */
     blr     x3                  /* eval(tstate, frame, throwflag) */
-    ldp     x29, x30, [sp], #16
+    .globl  _PyPerf_TemplateReturn
+_PyPerf_TemplateReturn:
+1:  ldp     x29, x30, [sp, #(RECORD_AREA + 16)]
+    add     sp, sp, #(RECORD_AREA + 32)
     AUTH_LR
     ret
     .globl  _PyPerf_TemplateEnd

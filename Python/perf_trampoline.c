@@ -226,6 +226,8 @@ init_arenas(void)
 {
     if (_PyPerf_core.arena_status == _PyPerf_ARENAS_UNTRIED) {
         _PyPerf_core.code_size = _PyPerf_TemplateEnd - _PyPerf_TemplateStart;
+        _PyPerf_core.return_offset =
+            _PyPerf_TemplateReturn - _PyPerf_TemplateStart;
         _PyPerf_core.slot_size = _Py_SIZE_ROUND_UP(_PyPerf_core.code_size,
                                                    SLOT_ALIGN);
         if (new_arena() < 0) {
@@ -786,6 +788,15 @@ _PyPerf_ForCallSlow(PyThreadState *tstate, PyCodeObject *co, uintptr_t sp)
     return trampoline_for_slow(tstate->interp, co);
 }
 
+static_assert(_PyPerf_RECORD_AREA == 128,
+              "RECORD_AREA in Python/asm_trampoline.S");
+
+_PyPerf_Trampoline
+_PyPerf_RecordTrampolineSlow(PyThreadState *tstate, PyCodeObject *co)
+{
+    return trampoline_for_slow(tstate->interp, co);
+}
+
 /* ----------------------------------------------------------------------
  * Exit
  */
@@ -907,6 +918,8 @@ activate(PyThreadState *tstate, const char *name)
     pi->backend = backend;
     if (interp->id == 0) {
         _PyPerf_core.main_index = pi->extra_index[b];
+        /* perf_jit's readers unwind with the call frame information */
+        _PyPerf_core.frame_records = (backend == &_PyPerf_MapBackend);
         _PyPerf_remote.active = b + 1;
     }
     set_hook(interp, pi, other);
@@ -935,6 +948,7 @@ _PyPerf_Deactivate(PyThreadState *tstate)
     }
     if (interp->id == 0) {
         _PyPerf_core.main_index = -1;
+        _PyPerf_core.frame_records = 0;
         _PyPerf_remote.active = 0;
     }
     return 0;
@@ -958,6 +972,7 @@ _PyPerf_FiniInterp(PyInterpreterState *interp)
     }
     if (interp->id == 0) {
         _PyPerf_core.main_index = -1;
+        _PyPerf_core.frame_records = 0;
         _PyPerf_remote.active = 0;
         _PyPerf_remote.eval_breaker = NULL;
     }

@@ -23,18 +23,26 @@
  * both architectures, so the tests check the other machine's description
  * too (_testinternalcapi.perf_unwind_tables()).
  *
+ * The CFA always follows the stack pointer: the evaluator a trampoline
+ * calls may leave the frame pointer at records of its own.
+ *
  * x86_64 (CFA = rsp + 8 at entry):      aarch64 (CFA = sp at entry):
  *
- *   endbr64          (optional)           bti c            (optional)
- *   push %rbp        CFA = rsp + 16       paciasp          RA signed
- *   mov %rsp, %rbp   CFA = rbp + 16       stp x29, x30, [sp, #-16]!
- *   call *%rcx                                             CFA = sp + 16
- *   pop %rbp         CFA = rsp + 8        mov x29, sp      CFA = x29 + 16
- *   ret                                   blr x3
- *                                         ldp x29, x30, [sp], #16
- *                                                          CFA = sp
- *                                         autiasp          RA plain
- *                                         ret
+ *   endbr64          (optional)         bti c              (optional)
+ *   push %rbp        CFA = rsp + 16,    paciasp            RA signed
+ *                    rbp at CFA - 16    sub sp, sp, #160   CFA = sp + 160
+ *   mov %rsp, %rbp                      stp x29, x30, [sp, #144]
+ *   lea 1f(%rip), %rax                                     x29, x30 at
+ *   push %rax        CFA = rsp + 24                        CFA - 16, - 8
+ *   sub $136, %rsp   CFA = rsp + 160    add x29, sp, #144
+ *   call *%rcx                          adr x16, 1f
+ * 1: add $144, %rsp  CFA = rsp + 16     str x16, [sp, #136]
+ *   pop %rbp         CFA = rsp + 8,     blr x3
+ *                    rbp restored    1: ldp x29, x30, [sp, #144]
+ *   ret                                                    restored
+ *                                       add sp, sp, #160   CFA = sp
+ *                                       autiasp            RA plain
+ *                                       ret
  */
 
 #include "Python.h"
@@ -85,21 +93,24 @@
 /* What an instruction of the template does to the frame, from the end of
    that instruction on. */
 typedef enum {
-    STEP_NONE,          /* nothing (landing pads, the call, the return) */
-    STEP_PUSH_FRAME,    /* the frame record (fp, return address) is stored
-                           below the CFA and sp points at it */
-    STEP_SET_FP,        /* fp = sp: the CFA follows fp from here on */
-    STEP_POP_FRAME,     /* the frame record is reloaded, sp is back where
-                           it was at entry */
+    STEP_NONE,          /* nothing the unwind rules see */
+    STEP_MOVE_SP,       /* sp moves down by `sp_delta` bytes (up if
+                           negative) */
+    STEP_SAVE_FRAME,    /* the caller's frame record (fp, and aarch64's
+                           x30) is stored right below the CFA; on x86_64
+                           by a push, which moves sp down 8 bytes */
+    STEP_RESTORE_FRAME, /* fp (and x30) hold the caller's values again;
+                           on x86_64 by a pop, which moves sp up 8 bytes */
     STEP_TOGGLE_RA_SIGNED,  /* aarch64 pointer authentication: the return
                                address in x30 is signed / authenticated */
 } template_step;
 
 typedef struct {
-    uint8_t bytes[4];           /* encoding, in memory order */
+    uint8_t bytes[8];           /* encoding, in memory order */
     uint8_t size;
     uint8_t optional;           /* present only under some compiler flags */
     uint8_t step;               /* template_step */
+    int16_t sp_delta;           /* STEP_MOVE_SP: bytes sp moves down */
     const char *text;           /* assembly, for error messages */
 } template_insn;
 
@@ -113,7 +124,9 @@ typedef struct {
     uint8_t fp_reg;
     uint8_t pc_reg;
     uint8_t entry_cfa_offset;   /* CFA - sp at the first instruction */
-    uint8_t frame_record_size;  /* bytes the frame record push takes */
+    uint8_t save_moves_sp;      /* STEP_SAVE_FRAME and STEP_RESTORE_FRAME
+                                   move sp by 8 bytes (x86_64's push and
+                                   pop of the frame pointer) */
     uint8_t push_saves_ra;      /* the frame record holds the return
                                    address register (aarch64's x30) */
     const template_insn *insns; /* the template's possible instructions */
@@ -123,12 +136,19 @@ typedef struct {
 /* Python/asm_trampoline.S, x86_64.  At entry the return address is at
    sp, so CFA = rsp + 8 and the return address is at CFA - 8. */
 static const template_insn x86_64_insns[] = {
-    {{0xf3, 0x0f, 0x1e, 0xfa}, 4, 1, STEP_NONE, "endbr64"},
-    {{0x55}, 1, 0, STEP_PUSH_FRAME, "push %rbp"},
-    {{0x48, 0x89, 0xe5}, 3, 0, STEP_SET_FP, "mov %rsp, %rbp"},
-    {{0xff, 0xd1}, 2, 0, STEP_NONE, "call *%rcx"},
-    {{0x5d}, 1, 0, STEP_POP_FRAME, "pop %rbp"},
-    {{0xc3}, 1, 0, STEP_NONE, "ret"},
+    {{0xf3, 0x0f, 0x1e, 0xfa}, 4, 1, STEP_NONE, 0, "endbr64"},
+    {{0x55}, 1, 0, STEP_SAVE_FRAME, 0, "push %rbp"},
+    {{0x48, 0x89, 0xe5}, 3, 0, STEP_NONE, 0, "mov %rsp, %rbp"},
+    {{0x48, 0x8d, 0x05, 0x0a, 0x00, 0x00, 0x00}, 7, 0, STEP_NONE, 0,
+     "lea 1f(%rip), %rax"},
+    {{0x50}, 1, 0, STEP_MOVE_SP, 8, "push %rax"},
+    {{0x48, 0x81, 0xec, 0x88, 0x00, 0x00, 0x00}, 7, 0, STEP_MOVE_SP, 136,
+     "sub $136, %rsp"},
+    {{0xff, 0xd1}, 2, 0, STEP_NONE, 0, "call *%rcx"},
+    {{0x48, 0x81, 0xc4, 0x90, 0x00, 0x00, 0x00}, 7, 0, STEP_MOVE_SP, -144,
+     "add $144, %rsp"},
+    {{0x5d}, 1, 0, STEP_RESTORE_FRAME, 0, "pop %rbp"},
+    {{0xc3}, 1, 0, STEP_NONE, 0, "ret"},
 };
 
 static const unwind_arch x86_64_arch = {
@@ -140,7 +160,7 @@ static const unwind_arch x86_64_arch = {
     .fp_reg = 6,                /* %rbp */
     .pc_reg = 16,               /* %rip */
     .entry_cfa_offset = 8,
-    .frame_record_size = 8,     /* push %rbp: the return address is
+    .save_moves_sp = 1,         /* push %rbp: the return address is
                                    already on the stack */
     .push_saves_ra = 0,
     .insns = x86_64_insns,
@@ -150,16 +170,23 @@ static const unwind_arch x86_64_arch = {
 /* Python/asm_trampoline.S, aarch64 (little-endian words).  At entry
    CFA = sp and the return address is in x30. */
 static const template_insn aarch64_insns[] = {
-    {{0x5f, 0x24, 0x03, 0xd5}, 4, 1, STEP_NONE, "bti c"},
-    {{0x3f, 0x23, 0x03, 0xd5}, 4, 1, STEP_TOGGLE_RA_SIGNED, "paciasp"},
-    {{0xfd, 0x7b, 0xbf, 0xa9}, 4, 0, STEP_PUSH_FRAME,
-     "stp x29, x30, [sp, #-16]!"},
-    {{0xfd, 0x03, 0x00, 0x91}, 4, 0, STEP_SET_FP, "mov x29, sp"},
-    {{0x60, 0x00, 0x3f, 0xd6}, 4, 0, STEP_NONE, "blr x3"},
-    {{0xfd, 0x7b, 0xc1, 0xa8}, 4, 0, STEP_POP_FRAME,
-     "ldp x29, x30, [sp], #16"},
-    {{0xbf, 0x23, 0x03, 0xd5}, 4, 1, STEP_TOGGLE_RA_SIGNED, "autiasp"},
-    {{0xc0, 0x03, 0x5f, 0xd6}, 4, 0, STEP_NONE, "ret"},
+    {{0x5f, 0x24, 0x03, 0xd5}, 4, 1, STEP_NONE, 0, "bti c"},
+    {{0x3f, 0x23, 0x03, 0xd5}, 4, 1, STEP_TOGGLE_RA_SIGNED, 0, "paciasp"},
+    {{0xff, 0x83, 0x02, 0xd1}, 4, 0, STEP_MOVE_SP, 160,
+     "sub sp, sp, #160"},
+    {{0xfd, 0x7b, 0x09, 0xa9}, 4, 0, STEP_SAVE_FRAME, 0,
+     "stp x29, x30, [sp, #144]"},
+    {{0xfd, 0x43, 0x02, 0x91}, 4, 0, STEP_NONE, 0, "add x29, sp, #144"},
+    {{0x70, 0x00, 0x00, 0x10}, 4, 0, STEP_NONE, 0, "adr x16, 1f"},
+    {{0xf0, 0x47, 0x00, 0xf9}, 4, 0, STEP_NONE, 0,
+     "str x16, [sp, #136]"},
+    {{0x60, 0x00, 0x3f, 0xd6}, 4, 0, STEP_NONE, 0, "blr x3"},
+    {{0xfd, 0x7b, 0x49, 0xa9}, 4, 0, STEP_RESTORE_FRAME, 0,
+     "ldp x29, x30, [sp, #144]"},
+    {{0xff, 0x83, 0x02, 0x91}, 4, 0, STEP_MOVE_SP, -160,
+     "add sp, sp, #160"},
+    {{0xbf, 0x23, 0x03, 0xd5}, 4, 1, STEP_TOGGLE_RA_SIGNED, 0, "autiasp"},
+    {{0xc0, 0x03, 0x5f, 0xd6}, 4, 0, STEP_NONE, 0, "ret"},
 };
 
 static const unwind_arch aarch64_arch = {
@@ -171,7 +198,7 @@ static const unwind_arch aarch64_arch = {
     .fp_reg = 29,
     .pc_reg = 32,
     .entry_cfa_offset = 0,
-    .frame_record_size = 16,    /* x29 and x30 */
+    .save_moves_sp = 0,         /* stp into room made before */
     .push_saves_ra = 1,
     .insns = aarch64_insns,
     .insn_count = Py_ARRAY_LENGTH(aarch64_insns),
@@ -182,6 +209,7 @@ static const unwind_arch aarch64_arch = {
 typedef struct {
     size_t offset;
     template_step step;
+    int sp_delta;
 } frame_change;
 
 /* Match `code` against the architecture's instruction table, in order;
@@ -204,6 +232,7 @@ match_template(const unwind_arch *arch, const uint8_t *code,
             if (insn->step != STEP_NONE) {
                 changes[n].offset = pos;
                 changes[n].step = (template_step)insn->step;
+                changes[n].sp_delta = insn->sp_delta;
                 n++;
             }
             if (insn->step == STEP_TOGGLE_RA_SIGNED) {
@@ -598,43 +627,38 @@ emit_advance(_PyPerf_Dwarf *b, const unwind_arch *arch, size_t *loc,
     *loc = offset;
 }
 
-/* The rules that hold after one frame change.  FACTORED() turns a byte
-   distance below the CFA into DW_CFA_offset's operand. */
+/* The rules that hold after one frame change, the CFA at `*cfa_offset`
+   from sp before it.  FACTORED() turns a byte distance below the CFA into
+   DW_CFA_offset's operand. */
 static void
 emit_frame_change(_PyPerf_Dwarf *b, const unwind_arch *arch,
-                  template_step step)
+                  const frame_change *change, unsigned *cfa_offset)
 {
 #define FACTORED(bytes_below_cfa) \
     ((uint64_t)((bytes_below_cfa) / -arch->data_align))
-    unsigned frame_top = arch->entry_cfa_offset + arch->frame_record_size;
-    switch (step) {
-    case STEP_PUSH_FRAME:
-        /* DW_CFA_def_cfa_offset: CFA = sp + frame_top (register kept) */
+    int sp_delta = change->sp_delta;
+    if (arch->save_moves_sp) {
+        sp_delta += (change->step == STEP_SAVE_FRAME) ? 8
+                    : (change->step == STEP_RESTORE_FRAME) ? -8 : 0;
+    }
+    if (sp_delta != 0) {
+        /* DW_CFA_def_cfa_offset: CFA = sp + the new distance */
+        *cfa_offset += sp_delta;
         _PyPerf_EmitU8(b, DW_CFA_def_cfa_offset);
-        emit_uleb128(b, frame_top);
-        /* DW_CFA_offset: the caller's fp is saved at the bottom of the
-           record, CFA - frame_top */
+        emit_uleb128(b, *cfa_offset);
+    }
+    switch (change->step) {
+    case STEP_SAVE_FRAME:
+        /* DW_CFA_offset: the caller's fp is saved at CFA - 16 */
         _PyPerf_EmitU8(b, DW_CFA_offset | arch->fp_reg);
-        emit_uleb128(b, FACTORED(frame_top));
+        emit_uleb128(b, FACTORED(16));
         if (arch->push_saves_ra) {
-            /* DW_CFA_offset: the return address register is saved right
-               above it */
+            /* DW_CFA_offset: the return address register right above */
             _PyPerf_EmitU8(b, DW_CFA_offset | arch->ra_column);
-            emit_uleb128(b, FACTORED(frame_top - 8));
+            emit_uleb128(b, FACTORED(8));
         }
         break;
-    case STEP_SET_FP:
-        /* DW_CFA_def_cfa_register: CFA = fp + frame_top; sp may move
-           from here on without changing the rules */
-        _PyPerf_EmitU8(b, DW_CFA_def_cfa_register);
-        emit_uleb128(b, arch->fp_reg);
-        break;
-    case STEP_POP_FRAME:
-        /* DW_CFA_def_cfa: CFA = sp + entry offset, as at the first
-           instruction */
-        _PyPerf_EmitU8(b, DW_CFA_def_cfa);
-        emit_uleb128(b, arch->sp_reg);
-        emit_uleb128(b, arch->entry_cfa_offset);
+    case STEP_RESTORE_FRAME:
         /* DW_CFA_restore: fp holds the caller's value again */
         _PyPerf_EmitU8(b, DW_CFA_restore | arch->fp_reg);
         if (arch->push_saves_ra) {
@@ -647,6 +671,7 @@ emit_frame_change(_PyPerf_Dwarf *b, const unwind_arch *arch,
            signed (after paciasp) or plain again (after autiasp) */
         _PyPerf_EmitU8(b, DW_CFA_AARCH64_negate_ra_state);
         break;
+    case STEP_MOVE_SP:
     case STEP_NONE:
         break;
     }
@@ -659,7 +684,6 @@ static int
 describe_rows(const unwind_arch *arch, const frame_change *changes,
               Py_ssize_t nchanges, _PyPerf_TemplateCFI *cfi)
 {
-    unsigned frame_top = arch->entry_cfa_offset + arch->frame_record_size;
     _PyPerf_FrameRow row = {
         .cfa_reg = arch->sp_reg,
         .cfa_offset = arch->entry_cfa_offset,
@@ -675,20 +699,17 @@ describe_rows(const unwind_arch *arch, const frame_change *changes,
         if (i == nchanges) {
             break;
         }
+        row.cfa_offset += changes[i].sp_delta;
         switch (changes[i].step) {
-        case STEP_PUSH_FRAME:
-            row.cfa_offset = frame_top;
-            row.fp_below_cfa = frame_top;
+        case STEP_SAVE_FRAME:
+            row.cfa_offset += arch->save_moves_sp ? 8 : 0;
+            row.fp_below_cfa = 16;
             if (arch->push_saves_ra) {
-                row.ra_below_cfa = frame_top - 8;
+                row.ra_below_cfa = 8;
             }
             break;
-        case STEP_SET_FP:
-            row.cfa_reg = arch->fp_reg;
-            break;
-        case STEP_POP_FRAME:
-            row.cfa_reg = arch->sp_reg;
-            row.cfa_offset = arch->entry_cfa_offset;
+        case STEP_RESTORE_FRAME:
+            row.cfa_offset -= arch->save_moves_sp ? 8 : 0;
             row.fp_below_cfa = 0;
             if (arch->push_saves_ra) {
                 row.ra_below_cfa = 0;
@@ -697,6 +718,7 @@ describe_rows(const unwind_arch *arch, const frame_change *changes,
         case STEP_TOGGLE_RA_SIGNED:
             row.ra_signed = !row.ra_signed;
             break;
+        case STEP_MOVE_SP:
         case STEP_NONE:
             break;
         }
@@ -760,15 +782,28 @@ _PyPerf_DescribeCode(unsigned int elf_machine, const uint8_t *code,
 
     b = (_PyPerf_Dwarf){.start = cfi->program, .size = sizeof(cfi->program)};
     size_t loc = 0;
+    unsigned cfa_offset = arch->entry_cfa_offset;
     for (Py_ssize_t i = 0; i < nchanges; i++) {
         emit_advance(&b, arch, &loc, changes[i].offset);
-        emit_frame_change(&b, arch, changes[i].step);
+        emit_frame_change(&b, arch, &changes[i], &cfa_offset);
     }
     cfi->program_size = b.pos;
     if (overflow || _PyPerf_DWARF_OVERFLOWED(&b)
         || describe_rows(arch, changes, nchanges, cfi) < 0)
     {
         errno = ENOSPC;
+        return -1;
+    }
+    /* At the return, the frame is the caller's again. */
+    const _PyPerf_FrameRow *last = &cfi->rows[cfi->row_count - 1];
+    if (last->cfa_offset != arch->entry_cfa_offset
+        || last->fp_below_cfa != 0)
+    {
+        if (warn) {
+            _PyPerf_Warn("perf_jit: the trampoline template does not "
+                         "return with the frame it was called with");
+        }
+        errno = ENOEXEC;
         return -1;
     }
     return 0;

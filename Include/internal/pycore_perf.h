@@ -59,6 +59,7 @@ typedef PyObject *(*_PyPerf_Trampoline)(
     _PyFrameEvalFunction eval);
 
 extern char _PyPerf_TemplateStart[];
+extern char _PyPerf_TemplateReturn[];   /* where eval returns to */
 extern char _PyPerf_TemplateEnd[];
 
 /* ELF machine numbers of the hosts the template exists for. */
@@ -230,6 +231,10 @@ typedef struct {
     _PyPerf_ArenaStatus arena_status;
     int arena_errno;            /* why arenas were refused */
     size_t code_size;           /* bytes of the template */
+    size_t return_offset;       /* _PyPerf_TemplateReturn's, in it */
+    /* The main interpreter's backend is read by frame-pointer walks:
+       inlined calls may leave frame records (Python/ceval.c). */
+    int frame_records;
     size_t slot_size;           /* code_size rounded up to a slot */
     char *next;                 /* next free slot of the current arena */
     char *limit;                /* end of the current arena */
@@ -323,7 +328,7 @@ _PyPerf_MainTrampoline(PyInterpreterState *interp, PyCodeObject *co)
 static inline __attribute__((always_inline)) _PyPerf_Trampoline
 _PyPerf_ForCall(PyThreadState *tstate, PyCodeObject *co)
 {
-#ifdef PY_WITHOUT_FRAME_POINTERS
+#if defined(PY_WITHOUT_FRAME_POINTERS) || defined(PY_PERF_FRAME_RECORDS)
     char here;
     uintptr_t sp = (uintptr_t)&here;
 #else
@@ -337,6 +342,84 @@ _PyPerf_ForCall(PyThreadState *tstate, PyCodeObject *co)
     }
     return _PyPerf_ForCallSlow(tstate, co, sp);
 }
+
+
+/* ---- Frame records of inlined calls (Python/ceval.c) ------------------ */
+
+/* PY_PERF_FRAME_RECORDS: the evaluator is compiled with the frame pointer
+   register reserved (configure's PERF_EVAL_CFLAGS) and left to it.  It
+   keeps there the head of a chain of frame records: a trampoline's, then
+   one per Python call it runs inline, each naming the callee's
+   trampoline.  A frame-pointer walk (perf record -g) reads them as the
+   frames of those trampolines; unwinders that follow the call frame
+   information (gdb, perf --call-graph=dwarf) never look at them. */
+typedef struct _PyPerf_Record {
+    struct _PyPerf_Record *prev;
+    void *ret;
+} _PyPerf_Record;
+
+/* Records an evaluator entry has room for, in the bytes its trampoline
+   left free (Python/asm_trampoline.S's RECORD_AREA: change both
+   together); deeper inlined calls enter the evaluator again, through their
+   trampolines.  The innermost is lowest: arm64's kernel walks only towards
+   higher addresses. */
+#define _PyPerf_RECORDS 8
+#define _PyPerf_RECORD_AREA (_PyPerf_RECORDS * (int)sizeof(_PyPerf_Record))
+
+/* The trampoline a record names `co` by: the main interpreter's, made if
+   need be (no stack budget: a record takes no stack of its own), or
+   NULL. */
+extern _PyPerf_Trampoline _PyPerf_RecordTrampolineSlow(
+    PyThreadState *tstate, PyCodeObject *co);
+
+static inline __attribute__((always_inline)) _PyPerf_Trampoline
+_PyPerf_RecordTrampoline(PyThreadState *tstate, PyCodeObject *co)
+{
+    _PyPerf_Trampoline t = _PyPerf_Lookup(co, _PyPerf_core.main_index);
+    return t != NULL ? t : _PyPerf_RecordTrampolineSlow(tstate, co);
+}
+
+#ifdef PY_PERF_FRAME_RECORDS
+
+static inline __attribute__((always_inline)) _PyPerf_Record *
+_PyPerf_GetFP(void)
+{
+    _PyPerf_Record *fp;
+#  if defined(__x86_64__)
+    __asm__ volatile ("mov %%rbp, %0" : "=r" (fp));
+#  else
+    __asm__ volatile ("mov %0, x29" : "=r" (fp));
+#  endif
+    return fp;
+}
+
+static inline __attribute__((always_inline)) void
+_PyPerf_SetFP(_PyPerf_Record *fp)
+{
+#  if defined(__x86_64__)
+    __asm__ volatile ("mov %0, %%rbp" : : "r" (fp) : "memory");
+#  else
+    __asm__ volatile ("mov x29, %0" : : "r" (fp) : "memory");
+#  endif
+}
+
+/* The record naming the trampoline that called the evaluator entry whose
+   CFA and return address these are, or NULL if no trampoline called it
+   (see Python/asm_trampoline.S).  The trampoline left the frame pointer at
+   its frame record, its return address below that, and a free word below
+   that, which this fills in. */
+#  define _PyPerf_TRAMPOLINE_RECORD(CFA, RET) \
+    ((char *)_PyPerf_GetFP() == (char *)(CFA) + _PyPerf_RECORD_AREA + 16 \
+     && ((void **)_PyPerf_GetFP())[-1] == (RET) \
+     ? _PyPerf_NameTrampoline(_PyPerf_GetFP()) : NULL)
+
+static inline _PyPerf_Record *
+_PyPerf_NameTrampoline(_PyPerf_Record *frame_record)
+{
+    frame_record[-1].prev = frame_record;
+    return &frame_record[-1];
+}
+#endif
 
 
 /* ---- gdb's JIT interface (Python/perf_gdb_jit.c) ----------------------- */

@@ -320,28 +320,39 @@ class FrameModel:
         self.toggle = False
 
     def step(self, text):
-        """Apply one instruction; False if the model does not know it."""
+        """Apply one instruction; False if the model does not know it.
+        The CFA follows the stack pointer: the evaluator may move the
+        frame pointer to records of its own (Python/ceval.c)."""
         x86 = self.machine == EM_X86_64
         self.toggle = False
         if text in ("endbr64", "bti c", "ret", "retq", "call *%rcx",
-                    "callq *%rcx", "blr x3"):
+                    "callq *%rcx", "blr x3", "mov %rsp,%rbp",
+                    "add x29, sp, #0x90", "str x16, [sp, #136]"):
+            pass
+        elif x86 and re.fullmatch(r"lea 0x[0-9a-f]+\(%rip\),%rax", text):
+            pass
+        elif not x86 and re.fullmatch(r"adr x16, \w+( <.*>)?", text):
             pass
         elif x86 and text == "push %rbp":
             self.cfa[1] += 8
             self.rules["rbp"] = f"c-{self.cfa[1]}"
-        elif x86 and text == "mov %rsp,%rbp":
-            self.cfa[0] = "rbp"
+        elif x86 and text == "push %rax":
+            self.cfa[1] += 8
+        elif x86 and text == "sub $0x88,%rsp":
+            self.cfa[1] += 136
+        elif x86 and text == "add $0x90,%rsp":
+            self.cfa[1] -= 144
         elif x86 and text == "pop %rbp":
-            self.cfa = ["rsp", self.cfa[1] - 8]
+            self.cfa[1] -= 8
             del self.rules["rbp"]
-        elif text == "stp x29, x30, [sp, #-16]!":
-            self.cfa[1] += 16
-            self.rules["x29"] = f"c-{self.cfa[1]}"
-            self.rules["ra"] = f"c-{self.cfa[1] - 8}"
-        elif text == "mov x29, sp":
-            self.cfa[0] = "x29"
-        elif text == "ldp x29, x30, [sp], #16":
-            self.cfa = ["sp", self.cfa[1] - 16]
+        elif text == "sub sp, sp, #0xa0":
+            self.cfa[1] += 160
+        elif text == "add sp, sp, #0xa0":
+            self.cfa[1] -= 160
+        elif text == "stp x29, x30, [sp, #144]":
+            self.rules["x29"] = f"c-{self.cfa[1] - 144}"
+            self.rules["ra"] = f"c-{self.cfa[1] - 152}"
+        elif text == "ldp x29, x30, [sp, #144]":
             del self.rules["x29"], self.rules["ra"]
         elif text in ("paciasp", "autiasp"):
             self.toggle = True

@@ -14,8 +14,9 @@ import unittest
 
 from test import support
 from test.test_perf_profiler.util import (
-    GDB_FRAME_RE, GDB_OPTIONS, PerfTestCase, clean_env, gdb_available,
-    gdb_backtrace, needs_host, skip_environment, target_command, write_script)
+    GDB_FRAME_RE, GDB_OPTIONS, INLINED_CALLS, PerfTestCase, clean_env,
+    gdb_available, gdb_backtrace, needs_host, skip_environment,
+    target_command, write_script)
 
 EVAL = "_PyEval_EvalFrameDefault"
 
@@ -82,8 +83,11 @@ def backtraces(output):
 @needs_host("gdb")
 class GdbTests(PerfTestCase):
     """gdb unwinds through trampolines: a backtrace taken anywhere in a
-    Python call reaches main, each Python level an evaluator frame called
-    by its trampoline."""
+    Python call reaches main, each evaluator entry called by its
+    trampoline.  Under -X perf a Python function called from Python runs
+    inside its caller's evaluator entry, as on stock 3.11 (frame records
+    name it to perf, Python/ceval.c); under -X perf_jit each call is an
+    evaluator entry of its own."""
 
     SCRIPT = """\
         import os
@@ -103,12 +107,12 @@ class GdbTests(PerfTestCase):
             skip_environment(reason)
 
     def assertPythonLevels(self, names, levels, output):
-        """`levels` Python calls in a row, each an evaluator called by a
-        trampoline gdb names, and the whole stack down to main."""
-        run = [EVAL, GDB_TRAMPOLINE] * levels
-        self.assertTrue(
-            any(names[i:i + len(run)] == run for i in range(len(names))),
-            output)
+        """`levels` evaluator entries, each called by a trampoline gdb
+        names, and the whole stack down to main."""
+        self.assertEqual(names.count(EVAL), levels, output)
+        self.assertEqual(
+            sum(names[i:i + 2] == [EVAL, GDB_TRAMPOLINE]
+                for i in range(len(names))), levels, output)
         self.assertNotIn("Backtrace stopped", output)
         self.assertIn("Py_BytesMain", names, output)
         # Every frame down to main has a name.  (Below it, libc's own
@@ -123,32 +127,38 @@ class GdbTests(PerfTestCase):
         if names[:1] != ["os_getppid"] or "Py_BytesMain" not in names:
             skip_environment("gdb cannot unwind this interpreter without "
                           "trampolines either:\n" + output[-1000:])
-        for backend in ("perf", "perf_jit"):
+        # perf: leaf, middle and top inline in <module>'s entry;
+        # perf_jit: each an entry.
+        for backend, levels in (("perf", 1 if INLINED_CALLS else 4),
+                                ("perf_jit", 4)):
             with self.subTest(backend=backend):
                 names, output = gdb_backtrace(
                     [sys.executable, "-X", backend, path], "os_getppid",
                     self.files)
                 self.assertEqual(names[:1], ["os_getppid"], output)
-                # leaf, middle, top and <module>
-                self.assertPythonLevels(names, 4, output)
+                self.assertPythonLevels(names, levels, output)
 
     def test_backtrace_from_the_evaluator(self):
         # Stop at the entry of inner()'s evaluator, four levels deep: its
         # caller is the trampoline, at the instruction after the call.
+        # operator.call() calls it from C: an entry under -X perf too.
         path = write_script(self.tmpdir, """\
-            import os
+            import operator, os
             def inner():
                 return 1
             def leaf():
                 os.getppid()
-                return inner()
+                return operator.call(inner)
             def middle():
                 return leaf()
             def top():
                 return middle()
             top()
             """)
-        for backend in ("perf", "perf_jit"):
+        # perf: inner, and <module> with leaf, middle and top inline;
+        # perf_jit: inner, leaf, middle, top and <module>.
+        for backend, levels in (("perf", 2 if INLINED_CALLS else 5),
+                                ("perf_jit", 5)):
             with self.subTest(backend=backend):
                 output = run_gdb(
                     ["break os_getppid", "run",
@@ -158,8 +168,7 @@ class GdbTests(PerfTestCase):
                 self.assertEqual(len(traces), 1, output)
                 names = traces[0]
                 self.assertEqual(names[:2], [EVAL, GDB_TRAMPOLINE], output)
-                # inner, leaf, middle, top and <module>
-                self.assertPythonLevels(names, 5, output)
+                self.assertPythonLevels(names, levels, output)
 
     # Run inside gdb: stop in leaf()'s first call, then break at every
     # instruction of leaf()'s trampoline (its address from the perf map)
@@ -208,20 +217,20 @@ class GdbTests(PerfTestCase):
         probe = run_gdb(["python print('gdb has python')"])
         if "gdb has python" not in probe:
             skip_environment("this gdb has no Python support:\n" + probe)
-        # leaf's map line waits in memory until the process blocks: the
-        # first call makes it, a sleep writes it, the calls from middle()
-        # are the ones stopped in.
+        # The first call of leaf() makes its trampoline, the calls from
+        # middle() are the ones stopped in.  operator.call() calls it from
+        # C, so that it runs in a trampoline of its own (called from
+        # Python, it would run inline in middle's evaluator entry).
         path = write_script(self.tmpdir, """\
-            import os, time
+            import operator, os
             def leaf():
                 return os.getppid()
             def middle():
-                leaf()
-                return leaf()
+                operator.call(leaf)
+                return operator.call(leaf)
             def top():
                 return middle()
-            leaf()
-            time.sleep(0)
+            operator.call(leaf)
             top()
             """)
         commands = write_script(
@@ -253,10 +262,15 @@ class GdbTests(PerfTestCase):
                          expected + insns, output)
         for offset, reason, names in stops:
             with self.subTest(offset=offset):
-                # leaf's trampoline, then middle, top and <module>.
+                # leaf's trampoline, operator.call(), then one entry for
+                # <module>, top and middle.
                 self.assertEqual(names[0], GDB_TRAMPOLINE, output)
-                self.assertEqual(names[1:7], [EVAL, GDB_TRAMPOLINE] * 3,
-                                 output)
+                self.assertEqual(names.count(EVAL),
+                                 1 if INLINED_CALLS else 3, output)
+                self.assertIn("PyObject_Vectorcall",
+                              names[1:names.index(EVAL)], output)
+                self.assertEqual(names[names.index(EVAL) + 1],
+                                 GDB_TRAMPOLINE, output)
                 self.assertIn("Py_BytesMain", names, output)
                 # gdb ends a backtrace at main when it knows main (as in
                 # a --with-pydebug build), else where the stack ends;
@@ -343,8 +357,9 @@ other_jit_register(const char *image, uint64_t size)
         self.assertIn("int other_jit_function(int);", output)
         traces = backtraces(output)
         self.assertEqual(len(traces), 1, output)
-        # leaf, middle and <module>
-        self.assertPythonLevels(traces[0], 3, output)
+        # leaf and middle inline in <module>'s entry
+        self.assertPythonLevels(traces[0], 1 if INLINED_CALLS else 3,
+                                output)
 
     def test_py_bt(self):
         # CPython's gdb extension walks the C stack for evaluator frames:
@@ -366,6 +381,78 @@ other_jit_register(const char *image, uint64_t size)
         self.assertEqual(functions, ["leaf", "middle", "top", "<module>"],
                          output)
         self.assertNotIn("Python Exception", output)
+
+    # A C function reached through recursion deeper than an evaluator
+    # entry's frame records, a generator pipeline and a C callback.
+    PIPELINE = """\
+        import os
+
+        def key(item):
+            return os.getppid()
+
+        def numbers():
+            yield from range(2)
+
+        def pairs(items):
+            for item in items:
+                yield sorted([item, -item], key=key)
+
+        def down(n):
+            if n == 0:
+                return list(pairs(numbers()))
+            return down(n - 1)
+
+        down(12)
+        """
+
+    def test_bt_py_bt_finish_up_down(self):
+        extension = os.path.join(os.path.dirname(sys.executable),
+                                 "python-gdb.py")
+        if not os.path.exists(extension):
+            skip_environment(f"needs the build directory's {extension}")
+        path = write_script(self.tmpdir, self.PIPELINE)
+        commands = [f"source {extension}", "break os_getppid", "run",
+                    "echo BT\\n", "bt", "echo PY-BT\\n", "py-bt",
+                    "echo UP\\n", "up", "echo DOWN\\n", "down",
+                    "echo FINISH\\n", "finish",
+                    "echo EVAL\\n", f"frame function {EVAL}",
+                    "echo FINISH-EVAL\\n", "finish", "kill"]
+        outputs = {}
+        for args in ((), ("-X", "perf")):
+            output = run_gdb(commands, [sys.executable, *args, path],
+                             files=self.files)
+            parts = re.split(r"^(BT|PY-BT|UP|DOWN|FINISH|EVAL|FINISH-EVAL)$",
+                             output, flags=re.MULTILINE)
+            outputs[args] = dict(zip(parts[1::2], parts[2::2]))
+            self.assertEqual(len(outputs[args]), 7, output)
+            self.assertNotIn("Python Exception", output)
+        off, on = outputs[()], outputs[("-X", "perf")]
+        # bt reaches main, every frame named.
+        names = backtraces(on["BT"])[0]
+        self.assertEqual(names[0], "os_getppid", on["BT"])
+        self.assertIn(GDB_TRAMPOLINE, names, on["BT"])
+        self.assertPythonLevels(names, names.count(EVAL), on["BT"])
+        # py-bt prints exactly what it prints with perf off.
+        frames = re.findall(r'^  File ".*", line \d+, in \S+$',
+                            on["PY-BT"], re.MULTILINE)
+        self.assertEqual(frames, re.findall(r'^  File ".*", line \d+, in \S+$',
+                                            off["PY-BT"], re.MULTILINE))
+        self.assertEqual([frame.rsplit(" in ", 1)[1] for frame in frames],
+                         ["key", "pairs"] + ["down"] * 13 + ["<module>"],
+                         on["PY-BT"])
+        # up and down move between the frames bt shows.
+        self.assertRegex(on["UP"], rf"(?m)^#1 .* in {names[1]} ")
+        self.assertRegex(on["DOWN"], r"(?m)^#0 .*os_getppid ")
+        # finish runs to the caller and stops there, as with perf off.
+        for out in (off, on):
+            self.assertRegex(out["FINISH"], rf"(?m)^{names[1]} ")
+            self.assertIn("Value returned is ", out["FINISH"])
+        # The innermost evaluator entry (key's, called by sorted) runs to
+        # its return: into its trampoline under -X perf.
+        self.assertIn(f"in {EVAL} ", on["EVAL"])
+        self.assertRegex(on["FINISH-EVAL"],
+                         rf"(?m)^0x[0-9a-f]+ in {GDB_TRAMPOLINE} ")
+        self.assertIn("Value returned is ", on["FINISH-EVAL"])
 
     def test_attach_to_process_and_forked_child(self):
         # gdb -p finds the images already registered, by walking the list;
@@ -404,8 +491,9 @@ other_jit_register(const char *image, uint64_t size)
                                       "scope):\n" + output[-500:])
                     traces = backtraces(output)
                     self.assertEqual(len(traces), 1, output)
-                    # leaf, middle, top and <module>
-                    self.assertPythonLevels(traces[0], 4, output)
+                    # leaf, middle and top inline in <module>'s entry
+                    self.assertPythonLevels(
+                        traces[0], 1 if INLINED_CALLS else 4, output)
         finally:
             proc.stdin.close()
             proc.stdout.close()

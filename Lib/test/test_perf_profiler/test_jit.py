@@ -104,25 +104,25 @@ class UnwindDescriptionTests(UnwindCheck, unittest.TestCase):
                          first_insns)
 
     def test_x86_64(self):
-        self.check_variant(EM_X86_64, ["-fcf-protection=none"], 8,
+        self.check_variant(EM_X86_64, ["-fcf-protection=none"], 30,
                            ["push %rbp"], None)
 
     def test_x86_64_cet(self):
-        self.check_variant(EM_X86_64, ["-fcf-protection=full"], 12,
+        self.check_variant(EM_X86_64, ["-fcf-protection=full"], 34,
                            ["endbr64", "push %rbp"],
                            "x86 feature: IBT, SHSTK")
 
     def test_aarch64(self):
-        self.check_variant(EM_AARCH64, ["-mbranch-protection=none"], 20,
-                           ["stp x29, x30, [sp, #-16]!"], None)
+        self.check_variant(EM_AARCH64, ["-mbranch-protection=none"], 36,
+                           ["sub sp, sp, #0xa0"], None)
 
     def test_aarch64_bti_pac(self):
-        self.check_variant(EM_AARCH64, ["-mbranch-protection=standard"], 32,
+        self.check_variant(EM_AARCH64, ["-mbranch-protection=standard"], 48,
                            ["bti c", "paciasp"], "AArch64 feature: BTI, PAC")
 
     def test_aarch64_bti_only(self):
-        self.check_variant(EM_AARCH64, ["-mbranch-protection=bti"], 24,
-                           ["bti c", "stp x29, x30, [sp, #-16]!"],
+        self.check_variant(EM_AARCH64, ["-mbranch-protection=bti"], 40,
+                           ["bti c", "sub sp, sp, #0xa0"],
                            "AArch64 feature: BTI")
 
     def test_running_template(self):

@@ -7,8 +7,8 @@ import textwrap
 import unittest
 
 from test.test_perf_profiler.util import (
-    PYTHON_FRAME_RECORDS, PerfTestCase, needs_host, perf_record_works,
-    record_samples, skip_environment, write_script)
+    INLINED_CALLS, PYTHON_FRAME_RECORDS, PerfTestCase, needs_host,
+    perf_record_works, record_samples, skip_environment, write_script)
 
 EVAL = "_PyEval_EvalFrameDefault"
 
@@ -35,11 +35,15 @@ class PerfRecordTests(PerfTestCase):
             self.files.add_pid(pid)
         return path, samples
 
-    def assertChains(self, samples, path, expected, between=None):
+    def assertChains(self, samples, path, expected, between=None,
+                     resumed=()):
         """Check samples in `expected[0]`: their py:: frames of `path` are
         `expected` (innermost first) and, in most, consecutive Python
-        frames are separated by exactly one evaluator frame (or, for the
-        pairs in `between`, by a chain through that C function).  With
+        frames are separated by nothing where the caller runs the callee
+        inline (INLINED_CALLS: its frame record names the callee), else
+        by exactly one evaluator frame, as are a generator and the frame
+        that resumed it (the pairs in `resumed`); for the pairs in
+        `between`, by a chain through that C function.  With
         PYTHON_FRAME_RECORDS, such a chain shows only the function that
         called the trampoline: the C functions above it keep no frame
         record, nor does the evaluator that called them."""
@@ -61,8 +65,10 @@ class PerfRecordTests(PerfTestCase):
                         ok = ok and len(gap) == 1 and gap[0] != EVAL
                     else:
                         ok = ok and between[k] in gap and gap[-1] == EVAL
-                else:
+                elif k in resumed or not INLINED_CALLS:
                     ok = ok and gap == [EVAL]
+                else:
+                    ok = ok and gap == []
             good += ok
         # A sample taken while a trampoline sets up its frame, or in a
         # function without a frame pointer, may lose a frame: demand
@@ -182,7 +188,8 @@ class PerfRecordTests(PerfTestCase):
             top(60000)
             """, ["-X", "perf"])
         self.assertChains(samples, path,
-                          ["leaf", "middle", "top", "<module>"])
+                          ["leaf", "middle", "top", "<module>"],
+                          resumed={0, 1})
 
     def test_await_chain(self):
         path, samples = self.record("""\
@@ -207,7 +214,7 @@ class PerfRecordTests(PerfTestCase):
             """, ["-X", "perf"])
         self.assertChains(samples, path,
                           ["leaf", "middle", "top", "run", "<module>"],
-                          between={2: "gen_send"})
+                          between={2: "gen_send"}, resumed={0, 1})
 
     def test_specialized_calls_chain(self):
         # BINARY_SUBSCR_GETITEM, CALL_PY_WITH_DEFAULTS, a method call.

@@ -81,15 +81,16 @@ class TemplateTests(unittest.TestCase):
     @unittest.skipUnless(os.uname().machine == "x86_64", "x86_64 only")
     def test_x86_64(self):
         size = self.run_harness([self.build(NATIVE_CC)])
-        # push %rbp; mov %rsp,%rbp; call *%rcx; pop %rbp; ret
-        self.assertEqual(size, 8)
+        # push %rbp; mov %rsp,%rbp; lea 1f(%rip),%rax; push %rax;
+        # sub $136,%rsp; call *%rcx; 1: add $144,%rsp; pop %rbp; ret
+        self.assertEqual(size, 30)
         self.assertNotIn("x86 feature", self.notes(self.assemble(NATIVE_CC)))
 
     @needs(("the C compiler Python was built with", NATIVE_CC))
     @unittest.skipUnless(os.uname().machine == "x86_64", "x86_64 only")
     def test_x86_64_cet(self):
         size = self.run_harness([self.build(NATIVE_CC, "-fcf-protection")])
-        self.assertEqual(size, 12)      # endbr64 in front
+        self.assertEqual(size, 34)      # endbr64 in front
         obj = self.assemble(NATIVE_CC, "-fcf-protection")
         self.assertIn("x86 feature: IBT, SHSTK", self.notes(obj))
         self.assertIn("endbr64", self.disassembly(obj, "objdump"))
@@ -108,12 +109,12 @@ class TemplateTests(unittest.TestCase):
     @needs(("aarch64-linux-gnu-gcc", CROSS_CC), ("qemu-user", QEMU))
     def test_aarch64_runs(self):
         exe = self.build(CROSS_CC, "-static")
-        self.assertEqual(self.run_harness([QEMU, exe]), 20)
+        self.assertEqual(self.run_harness([QEMU, exe]), 36)
 
     @needs(("aarch64-linux-gnu-gcc", CROSS_CC), ("qemu-user", QEMU))
     def test_aarch64_bti_pac_runs(self):
         exe = self.build(CROSS_CC, "-static", "-mbranch-protection=standard")
-        self.assertEqual(self.run_harness([QEMU, "-cpu", "max", exe]), 32)
+        self.assertEqual(self.run_harness([QEMU, "-cpu", "max", exe]), 48)
         # The landing pad is what makes the indirect call legal: entering
         # past it traps on the PROT_BTI mapping.
         proc = subprocess.run([QEMU, "-cpu", "max", exe, "skip-landing-pad"],

@@ -26,8 +26,9 @@ from typing import NamedTuple
 
 from test.support import import_helper
 from test.test_perf_profiler.util import (
-    GDB_FRAME_RE, GDB_OPTIONS, PYTHON_FRAME_RECORDS, TIMEOUT, PerfTestCase,
-    clean_env, read_map, skip_environment, under_qemu, write_script)
+    GDB_FRAME_RE, GDB_OPTIONS, INLINED_CALLS, PYTHON_FRAME_RECORDS, TIMEOUT,
+    PerfTestCase, clean_env, read_map, skip_environment, under_qemu,
+    write_script)
 
 # The C function to stop in: os.getppid(), which nothing else calls.
 BREAKPOINT = "os_getppid"
@@ -59,6 +60,58 @@ SCRIPT_FROM_C = """\
 
     def level1():
         return list(map(first, [0]))
+
+    level1()
+    """
+
+# Deeper than the frame records one evaluator entry holds
+# (_PyEval_EvalFrameDefault enters itself again, through the trampoline).
+SCRIPT_DEEP = """\
+    import os
+
+    def down(n):
+        if n == 0:
+            return os.getppid()
+        return down(n - 1)
+
+    down(20)
+    """
+
+# Inlined frames left every way but a return before the stop: by an
+# exception, by making a generator, with perf switched off and on in
+# between (a call run inline while off has no record).  The chain must
+# hold exactly the frames still running.
+SCRIPT_LEFT = """\
+    import os, sys
+
+    def fails(n):
+        if n == 0:
+            raise ValueError
+        fails(n - 1)
+
+    def numbers():
+        yield 1
+
+    def off_and_on():
+        sys.deactivate_stack_trampoline()
+        inner()
+        sys.activate_stack_trampoline("perf")
+        return inner()
+
+    def inner():
+        return 1
+
+    def final():
+        return os.getppid()
+
+    def level1():
+        try:
+            fails(12)
+        except ValueError:
+            pass
+        list(numbers())
+        off_and_on()
+        return final()
 
     level1()
     """
@@ -199,6 +252,16 @@ class FramePointerWalkTests(PerfTestCase):
         self.assertEqual(names, ["numbers", "first", "level1", "<module>"],
                          output)
 
+    def test_frame_records_deeper_than_an_evaluator_entry(self):
+        self.script = write_script(self.tmpdir, SCRIPT_DEEP, "deep.py")
+        names, output = self.walk_to_python()
+        self.assertEqual(names, ["down"] * 21 + ["<module>"], output)
+
+    def test_frame_records_of_frames_left(self):
+        self.script = write_script(self.tmpdir, SCRIPT_LEFT, "left.py")
+        names, output = self.walk_to_python()
+        self.assertEqual(names, ["final", "level1", "<module>"], output)
+
     def test_gdb_backtrace_reaches_main(self):
         # gdb reads the trampolines' unwind rules from the JIT images the
         # interpreter registered (Python/perf_gdb_jit.c).  main() is a
@@ -211,8 +274,15 @@ class FramePointerWalkTests(PerfTestCase):
         frames = [match.group(2) for match in map(GDB_FRAME_RE.match,
                                                   output.splitlines())
                   if match]
-        self.assertEqual(frames.count("py_trampoline"), 4, output)
+        # gdb follows the call frame information, never frame records:
+        # where level1, level2 and level3 run inline, it sees the one
+        # evaluator entry stock 3.11 has.
+        self.assertEqual(frames.count("py_trampoline"),
+                         1 if INLINED_CALLS else 4, output)
+        self.assertEqual(frames.count("_PyEval_EvalFrameDefault"),
+                         1 if INLINED_CALLS else 4, output)
         self.assertIn("Py_BytesMain", frames, output)
+        self.assertNotIn("??", frames[:frames.index("Py_BytesMain")], output)
 
 
 class FrameRegister(NamedTuple):
@@ -222,6 +292,9 @@ class FrameRegister(NamedTuple):
     # teardown) or the ABI's end of the chain (_start clears it).
     record_writes: re.Pattern
     any_write: re.Pattern   # an instruction that writes the register
+    # How the evaluator moves the register to a record of an inlined call
+    # and back (Python/ceval.c): a copy from another register.
+    record_moves: re.Pattern
 
 
 FRAME_REGISTER = {
@@ -229,13 +302,15 @@ FRAME_REGISTER = {
     "x86_64": FrameRegister(
         "mov %rsp,%rbp",
         re.compile(r"mov %rsp,%rbp|pop %rbp|xor %ebp,%ebp"),
-        re.compile(r"(?!push|cmp|test|bt)\S+ (.*,)?%(rbp|ebp|bp|bpl)")),
+        re.compile(r"(?!push|cmp|test|bt)\S+ (.*,)?%(rbp|ebp|bp|bpl)"),
+        re.compile(r"mov %r(\w+),%rbp")),
     # The destination is the first operand, except for stores and tests.
     "aarch64": FrameRegister(
         "mov x29, sp",
         re.compile(r"mov x29, sp|add x29, sp, #\w+|ldp x29, x30, \[sp.*"
                    r"|ldr x29, \[sp\], #\w+|mov x29, #0x0"),
-        re.compile(r"(?!st|cmp|cmn|tst|ccm|cb|tb|prfm)\S+ [xw]29(,.*)?")),
+        re.compile(r"(?!st|cmp|cmn|tst|ccm|cb|tb|prfm)\S+ [xw]29(,.*)?"),
+        re.compile(r"mov x29, x\d+")),
 }
 
 
@@ -271,12 +346,22 @@ class FrameRegisterTests(unittest.TestCase):
         evaluator = [text for name, code in functions
                      if name == "_PyEval_EvalFrameDefault"
                      for _, text in code]
-        self.assertIn(register.setup, evaluator)
+        if INLINED_CALLS:
+            # No frame record of its own (the trampoline's names it): the
+            # register holds the records of the calls it runs inline.
+            self.assertNotIn(register.setup, evaluator)
+            self.assertTrue(any(map(register.record_moves.fullmatch,
+                                    evaluator)))
+        else:
+            self.assertIn(register.setup, evaluator)
         writers = {}
         for name, code in functions:
             for _, insn in code:
                 if (register.any_write.fullmatch(insn)
-                        and not register.record_writes.fullmatch(insn)):
+                        and not register.record_writes.fullmatch(insn)
+                        and not (INLINED_CALLS
+                                 and name == "_PyEval_EvalFrameDefault"
+                                 and register.record_moves.fullmatch(insn))):
                     writers.setdefault(name, insn)
         self.assertEqual(writers, {})
 

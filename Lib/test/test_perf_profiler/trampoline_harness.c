@@ -4,7 +4,8 @@
  * the compiler enables BTI), and called through a function pointer.  It
  * checks that the arguments reach the evaluator, that its result comes
  * back, and that a frame-pointer walk from the evaluator goes through the
- * copy and on to the caller: what perf relies on.  Built by
+ * copy and on to the caller: what perf relies on, and what the evaluator
+ * relies on to know a trampoline called it.  Built by
  * test_template.py natively and for aarch64 (run under qemu-user).
  *
  * Prints "ok" and exits 0, or names the first check that failed. */
@@ -20,6 +21,9 @@ extern char _PyPerf_TemplateEnd[];
 typedef void *(*eval_func)(void *tstate, void *frame, int throwflag);
 typedef void *(*trampoline_func)(void *tstate, void *frame, int throwflag,
                                  eval_func eval);
+
+/* _PyPerf_RECORD_AREA in pycore_perf.h */
+#define RECORD_AREA 128
 
 static char *copy_start, *copy_end;
 static int seen_args, walk_ok;
@@ -41,13 +45,18 @@ fake_eval(void *tstate, void *frame, int throwflag)
     seen_args = (tstate == (void *)0x1111 && frame == (void *)0x2222
                  && throwflag == 7);
     /* A frame record is {caller's frame pointer, return address} on both
-       architectures.  Ours returns into the copy; the copy's own record
-       returns into the caller (main), outside the copy. */
+       architectures.  Ours returns into the copy; the copy's own record,
+       RECORD_AREA + 16 bytes above our CFA, returns into the caller
+       (main), outside the copy, and the word below it holds our return
+       address: how the evaluator knows a trampoline called it. */
     void **record = __builtin_frame_address(0);
     char *ret = code_address(record[1]);
     void **outer = record[0];
     walk_ok = (ret >= copy_start && ret < copy_end
                && outer != NULL && (uintptr_t)outer > (uintptr_t)record
+               && (char *)outer
+                  == (char *)__builtin_dwarf_cfa() + RECORD_AREA + 16
+               && code_address(outer[-1]) == ret
                && (code_address(outer[1]) < copy_start
                    || code_address(outer[1]) >= copy_end));
     return (void *)0x3333;

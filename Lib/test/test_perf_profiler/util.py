@@ -26,6 +26,8 @@ The API, in the order a test usually needs it:
 * assert_refused(): perf_trampoline refused its input in one line.
 * PYTHON_FRAME_RECORDS: the interpreter keeps frame records on the
   Python call chain only.
+* INLINED_CALLS: under -X perf, Python-to-Python calls run inline, named
+  to perf by frame records (Python/ceval.c).
 * ProfilerFiles: the snapshot/cleanup logic PerfTestCase uses, for tests
   that need it on its own.
 * tmp_files_lock(): keeps PerfTestCase's tests and upstream's (which
@@ -61,6 +63,10 @@ MAP_LINE_RE = re.compile(r"^([0-9a-f]+) ([0-9a-f]+) (py::.+)$")
 # trampolines keep frame records, and nothing else writes the frame
 # pointer register.
 PYTHON_FRAME_RECORDS = sysconfig.get_config_var("FRAME_POINTERS") == "python"
+# The evaluator owns the frame pointer register and keeps there a frame
+# record per Python call it runs inline.
+INLINED_CALLS = "-DPY_PERF_FRAME_RECORDS" in (
+    sysconfig.get_config_var("PERF_EVAL_CFLAGS") or "").split()
 
 
 # Source of outer() -> middle() -> inner(3000), whose samples tests look
