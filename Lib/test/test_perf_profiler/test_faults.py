@@ -373,9 +373,9 @@ class MapFaultTests(StressTestCase):
         *lines, rest = data.split(b"\\n")
         bad = [line for line in lines if not re.fullmatch(
             rb"[0-9a-f]{1,16} [0-9a-f]{1,8} py::.*", line)]
-        # The start of a line that did not fit, or nothing.
+        # The start of a line that did not fit (cut anywhere), or nothing.
         unfinished = re.fullmatch(
-            rb"([0-9a-f]{1,16}( ([0-9a-f]{1,8}( py::.*)?)?)?)?", rest)
+            rb"([0-9a-f]{1,16}( [0-9a-f]{0,8}( (p(y(:(:.*)?)?)?)?)?)?)?", rest)
         print("map", rest == b"", unfinished is not None, b"\\0" in data,
               len(bad), bad[:1])
         """
