@@ -627,6 +627,18 @@ emit_advance(_PyPerf_Dwarf *b, const unwind_arch *arch, size_t *loc,
     *loc = offset;
 }
 
+/* How many bytes `change` moves sp down (up if negative). */
+static int
+sp_moved(const unwind_arch *arch, const frame_change *change)
+{
+    int delta = change->sp_delta;
+    if (arch->save_moves_sp) {
+        delta += (change->step == STEP_SAVE_FRAME) ? 8
+                 : (change->step == STEP_RESTORE_FRAME) ? -8 : 0;
+    }
+    return delta;
+}
+
 /* The rules that hold after one frame change, the CFA at `*cfa_offset`
    from sp before it.  FACTORED() turns a byte distance below the CFA into
    DW_CFA_offset's operand. */
@@ -636,11 +648,7 @@ emit_frame_change(_PyPerf_Dwarf *b, const unwind_arch *arch,
 {
 #define FACTORED(bytes_below_cfa) \
     ((uint64_t)((bytes_below_cfa) / -arch->data_align))
-    int sp_delta = change->sp_delta;
-    if (arch->save_moves_sp) {
-        sp_delta += (change->step == STEP_SAVE_FRAME) ? 8
-                    : (change->step == STEP_RESTORE_FRAME) ? -8 : 0;
-    }
+    int sp_delta = sp_moved(arch, change);
     if (sp_delta != 0) {
         /* DW_CFA_def_cfa_offset: CFA = sp + the new distance */
         *cfa_offset += sp_delta;
@@ -699,17 +707,15 @@ describe_rows(const unwind_arch *arch, const frame_change *changes,
         if (i == nchanges) {
             break;
         }
-        row.cfa_offset += changes[i].sp_delta;
+        row.cfa_offset += sp_moved(arch, &changes[i]);
         switch (changes[i].step) {
         case STEP_SAVE_FRAME:
-            row.cfa_offset += arch->save_moves_sp ? 8 : 0;
             row.fp_below_cfa = 16;
             if (arch->push_saves_ra) {
                 row.ra_below_cfa = 8;
             }
             break;
         case STEP_RESTORE_FRAME:
-            row.cfa_offset -= arch->save_moves_sp ? 8 : 0;
             row.fp_below_cfa = 0;
             if (arch->push_saves_ra) {
                 row.ra_below_cfa = 0;
