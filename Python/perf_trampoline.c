@@ -42,17 +42,17 @@
  * index per interpreter and backend), created on the first call.
  *
  * Entry.  The PEP 523 frame-evaluation hook, _PyPerf_EvalFrame,
- * runs every frame that goes through _PyEval_EvalFrame via its trampoline.
- * Python-to-Python calls do not go through it: ceval.c keeps its
- * specialized call instructions while our hook is installed and calls the
- * callee's trampoline directly (_PyPerf_ForCall), falling back to its
- * ordinary inlined call when the thread's C stack budget is used up or
- * unknown, or no trampoline can be had.  Nor do generators and coroutines
- * resumed by FOR_ITER and SEND: the evaluator runs them through their
- * trampolines itself, where stock 3.11 recurses through gen_send_ex2()
- * (no stack budget needed: this takes less C stack).  Anything that fails
- * here falls back to _PyEval_EvalFrameDefault: the hook never raises and
- * never changes what the program does.
+ * runs every frame that goes through _PyEval_EvalFrame via its trampoline
+ * while the thread's C stack budget lasts.  Python-to-Python calls do not
+ * go through it: ceval.c keeps its specialized call instructions while our
+ * hook is installed and calls the callee's trampoline directly
+ * (_PyPerf_ForCall), falling back to its ordinary inlined call when the
+ * budget is used up or unknown, or no trampoline can be had.  Nor do
+ * generators and coroutines resumed by FOR_ITER and SEND: the evaluator
+ * runs them through their trampolines itself, where stock 3.11 recurses
+ * through gen_send_ex2().  Anything that fails here falls back to
+ * _PyEval_EvalFrameDefault: the hook never raises and never changes what
+ * the program does.
  *
  * Output.  A backend tells the profiler about each new trampoline: the perf
  * map (/tmp/perf-<pid>.map, Python/perf_map.c) or a jitdump
@@ -456,34 +456,45 @@ trampoline_for_slow(PyInterpreterState *interp, PyCodeObject *co)
     return assign_trampoline(co, pi);
 }
 
+static int below_budget(uintptr_t sp);
+
 static Py_NO_INLINE PyObject *
 eval_frame_slow(PyThreadState *tstate, _PyInterpreterFrame *frame,
-                int throwflag)
+                int throwflag, uintptr_t sp)
 {
-    _PyPerf_Trampoline t = trampoline_for_slow(tstate->interp,
-                                               frame->f_code);
+    _PyPerf_Trampoline t = NULL;
+    if (!below_budget(sp)) {
+        t = trampoline_for_slow(tstate->interp, frame->f_code);
+    }
     if (t == NULL) {
         return _PyEval_EvalFrameDefault(tstate, frame, throwflag);
     }
     return t(tstate, frame, throwflag, _PyEval_EvalFrameDefault);
 }
 
-/* The PEP 523 hook: run the frame through its code object's trampoline.
-   The common case is a few loads and a jump to the trampoline; both exits
-   are tail calls, so the hook leaves no frame of its own. */
+/* The PEP 523 hook: run the frame through its code object's trampoline,
+   within the C stack budget (see below_budget()).  The common case is a
+   few loads and a jump to the trampoline; both exits are tail calls, so
+   the hook leaves no frame of its own. */
 PyObject *
 _PyPerf_EvalFrame(PyThreadState *tstate, _PyInterpreterFrame *frame,
                   int throwflag)
 {
+    char here;
+    uintptr_t sp = (uintptr_t)&here;
 #ifdef PY_PERF_EXTENSION
     if (_PyPerf_StackExhausted(tstate)) {
         return NULL;
+    }
+#else
+    if (sp < _PyPerf_stack.limit || sp >= _PyPerf_stack.high) {
+        return eval_frame_slow(tstate, frame, throwflag, sp);
     }
 #endif
     _PyPerf_Trampoline t = _PyPerf_MainTrampoline(tstate->interp,
                                                   frame->f_code);
     if (t == NULL) {
-        return eval_frame_slow(tstate, frame, throwflag);
+        return eval_frame_slow(tstate, frame, throwflag, sp);
     }
     return t(tstate, frame, throwflag, _PyEval_EvalFrameDefault);
 }
@@ -551,6 +562,10 @@ _PyPerf_EvalFrameChained(PyThreadState *tstate, _PyInterpreterFrame *frame,
     if (pi != NULL && pi->chained != NULL) {
         next = pi->chained;
     }
+    char here;
+    if (below_budget((uintptr_t)&here)) {
+        return next(tstate, frame, throwflag);
+    }
     _PyPerf_Trampoline t = trampoline_for_slow(tstate->interp,
                                                frame->f_code);
     if (t == NULL) {
@@ -602,7 +617,8 @@ _PyPerf_ChainEvalFrame(PyInterpreterState *interp,
  * with makecontext, a coroutine library's stack) has a size we cannot
  * know.  Outside the budget the call is inlined as usual (those frames
  * then merge into their caller in a profile, and the program behaves as
- * without perf):
+ * without perf).  Frames entering the evaluator from C keep to the same
+ * budget on the thread's own stack (below_budget()):
  *
  *     high  +---------------------+  the thread's stack, from its mapping
  *           | fast path allowed   |  (the main thread's: /proc/self/maps;
@@ -774,6 +790,31 @@ _PyPerf_StackExhausted(PyThreadState *tstate)
     return stack_exhausted_slow(tstate, sp);
 }
 #endif
+
+/* Whether sp lies in this thread's own stack, below the budget.  A frame
+   entering the evaluator from C there (through the hook: a call from C, a
+   generator resumed) runs without its trampoline, as without perf.  In a
+   recursion through C (callbacks, __init__, chains of generators) a
+   trampoline's frame adds RECORD_AREA + 32 bytes to each level, where the
+   smallest level (the evaluator's frame alone) takes about 400 bytes, and
+   the program would crash that much earlier where it runs out of stack.
+   Spent only in the budget, a quarter of that: the deepest recursion
+   through C reaches at least 90% of its depth without perf
+   (test_stress).  Those deepest frames merge into their callers in a
+   profile. */
+static int
+below_budget(uintptr_t sp)
+{
+#ifdef PY_PERF_EXTENSION
+    (void)sp;
+    return 0;           /* its guard is _PyPerf_StackExhausted() */
+#else
+    if (!_PyPerf_stack.known) {
+        find_stack(sp);
+    }
+    return sp >= _PyPerf_stack.low && sp < _PyPerf_stack.limit;
+#endif
+}
 
 _PyPerf_Trampoline
 _PyPerf_ForCallSlow(PyThreadState *tstate, PyCodeObject *co, uintptr_t sp)

@@ -359,6 +359,76 @@ class RecursionTests(StressTestCase):
             outputs.append(proc.stdout)
         self.assertEqual(outputs[1], outputs[0])
 
+    # Recursion through C uses the C stack on stock 3.11 too, and a thread
+    # with a small stack crashes where it runs out.  A trampoline's frame
+    # adds to every level: -X perf may cost at most a tenth of the depth.
+    THROUGH_C = """
+        import resource, sys, threading
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+        depth, shape = int(sys.argv[1]), sys.argv[2]
+        sys.setrecursionlimit(100_000)
+
+        def callback(n):        # a C function calls Python: the hook
+            return 0 if n == 0 else sum(map(callback, [n - 1])) + 1
+
+        def delegate(n):        # SEND resumes a generator
+            if n == 0:
+                return 0
+            return (yield from delegate(n - 1)) + 1
+
+        def returned(generator):
+            try:
+                next(generator)
+            except StopIteration as stop:
+                return stop.value
+
+        def loop(n):            # FOR_ITER resumes a generator
+            if n == 0:
+                yield 0
+            else:
+                for v in loop(n - 1):
+                    yield v + 1
+
+        run = {"callback": callback,
+               "delegate": lambda n: returned(delegate(n)),
+               "loop": lambda n: next(loop(n))}[shape]
+        threading.stack_size(256 * 1024)
+        results = []
+        thread = threading.Thread(target=lambda: results.append(run(depth)))
+        thread.start()
+        thread.join()
+        print(results[0])
+        """
+
+    def recurses_through_c(self, python_args, depth, shape):
+        """Whether THROUGH_C reaches `depth`; False if the stack ran out."""
+        result = self.run_script(self.THROUGH_C, python_args=python_args,
+                                 script_args=(str(depth), shape),
+                                 check=False)
+        if result.returncode < 0:
+            return False
+        self.assertEqual((result.returncode, result.stdout),
+                         (0, f"{depth}\n"), result.stderr)
+        return True
+
+    def test_recursion_through_c_small_thread_stack(self):
+        for shape in ("callback", "delegate", "loop"):
+            with self.subTest(shape=shape):
+                # The deepest level perf off reaches, to within 2%: no
+                # level of any shape takes less than 128 bytes.
+                low, high = 0, 256 * 1024 // 128
+                self.assertFalse(self.recurses_through_c((), high, shape))
+                while high - low > max(1, low // 50):
+                    middle = (low + high) // 2
+                    if self.recurses_through_c((), middle, shape):
+                        low = middle
+                    else:
+                        high = middle
+                self.assertGreater(low, 50)
+                self.assertTrue(
+                    self.recurses_through_c(PERF, low * 9 // 10, shape),
+                    f"-X perf crashes at 90% of perf off's depth ({low})")
+
     @unittest.skipUnless(sys.platform == "linux", "Linux rlimits")
     def test_small_main_thread_stack(self):
         self.check_with_stack_rlimit(1024 * 1024)
