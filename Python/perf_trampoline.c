@@ -480,8 +480,8 @@ PyObject *
 _PyPerf_EvalFrame(PyThreadState *tstate, _PyInterpreterFrame *frame,
                   int throwflag)
 {
-    char here;
-    uintptr_t sp = (uintptr_t)&here;
+    /* Not a local's address: that would cost the tail calls. */
+    uintptr_t sp = (uintptr_t)__builtin_dwarf_cfa();
 #ifdef PY_PERF_EXTENSION
     if (_PyPerf_StackExhausted(tstate)) {
         return NULL;
@@ -562,8 +562,7 @@ _PyPerf_EvalFrameChained(PyThreadState *tstate, _PyInterpreterFrame *frame,
     if (pi != NULL && pi->chained != NULL) {
         next = pi->chained;
     }
-    char here;
-    if (below_budget((uintptr_t)&here)) {
+    if (below_budget((uintptr_t)__builtin_dwarf_cfa())) {
         return next(tstate, frame, throwflag);
     }
     _PyPerf_Trampoline t = trampoline_for_slow(tstate->interp,
