@@ -487,7 +487,7 @@ _PyPerf_EvalFrame(PyThreadState *tstate, _PyInterpreterFrame *frame,
         return NULL;
     }
 #else
-    if (sp < _PyPerf_stack.limit || sp >= _PyPerf_stack.high) {
+    if (!_PyPerf_WITHIN_BUDGET(sp)) {
         return eval_frame_slow(tstate, frame, throwflag, sp);
     }
 #endif
@@ -821,7 +821,7 @@ _PyPerf_ForCallSlow(PyThreadState *tstate, PyCodeObject *co, uintptr_t sp)
     if (!_PyPerf_stack.known) {
         find_stack(sp);
     }
-    if (sp < _PyPerf_stack.limit || sp >= _PyPerf_stack.high) {
+    if (!_PyPerf_WITHIN_BUDGET(sp)) {
         return NULL;
     }
     /* _PyPerf_ForCall() already looked for the main interpreter's. */

@@ -314,6 +314,12 @@ _PyPerf_MainTrampoline(PyInterpreterState *interp, PyCodeObject *co)
     return _PyPerf_Lookup(co, _PyPerf_core.main_index);
 }
 
+/* Whether sp, this thread's stack pointer or near it, is within the
+   budget of C stack that trampolines may use (Python/perf_trampoline.c);
+   false also while the thread's stack is not known yet. */
+#define _PyPerf_WITHIN_BUDGET(sp) \
+    ((sp) >= _PyPerf_stack.limit && (sp) < _PyPerf_stack.high)
+
 /* The trampoline a Python-to-Python call of `co` goes through, or NULL to
    inline the call as usual.  The common case, the main interpreter calling
    code that has a trampoline on a stack with room, takes no call (in a
@@ -334,7 +340,7 @@ _PyPerf_ForCall(PyThreadState *tstate, PyCodeObject *co)
 #else
     uintptr_t sp = (uintptr_t)__builtin_frame_address(0);
 #endif
-    if (sp >= _PyPerf_stack.limit && sp < _PyPerf_stack.high) {
+    if (_PyPerf_WITHIN_BUDGET(sp)) {
         _PyPerf_Trampoline t = _PyPerf_MainTrampoline(tstate->interp, co);
         if (t != NULL) {
             return t;
