@@ -374,7 +374,8 @@ typedef struct _PyPerf_Record {
 
 /* The trampoline a record names `co` by: the main interpreter's, made if
    need be (no stack budget: a record takes no stack of its own), or
-   NULL. */
+   NULL.  An entry goes on keeping records after trampolines are switched
+   off in it: its calls then learn that without a call. */
 extern _PyPerf_Trampoline _PyPerf_RecordTrampolineSlow(
     PyThreadState *tstate, PyCodeObject *co);
 
@@ -382,7 +383,10 @@ static inline __attribute__((always_inline)) _PyPerf_Trampoline
 _PyPerf_RecordTrampoline(PyThreadState *tstate, PyCodeObject *co)
 {
     _PyPerf_Trampoline t = _PyPerf_Lookup(co, _PyPerf_core.main_index);
-    return t != NULL ? t : _PyPerf_RecordTrampolineSlow(tstate, co);
+    if (t == NULL && _PyPerf_IS_INSTALLED(tstate)) {
+        t = _PyPerf_RecordTrampolineSlow(tstate, co);
+    }
+    return t;
 }
 
 #ifdef PY_PERF_FRAME_RECORDS
@@ -406,6 +410,34 @@ _PyPerf_SetFP(_PyPerf_Record *fp)
     __asm__ volatile ("mov %0, %%rbp" : : "r" (fp) : "memory");
 #  else
     __asm__ volatile ("mov x29, %0" : : "r" (fp) : "memory");
+#  endif
+}
+
+/* Push the record {the frame pointer, ret}, the frame pointer's new
+   place, in as few instructions as the frame pointer allows; pop it.  The
+   record is written before the frame pointer moves to it: a walk may
+   interrupt anywhere between. */
+static inline __attribute__((always_inline)) void
+_PyPerf_PushRecord(void *ret)
+{
+#  if defined(__x86_64__)
+    __asm__ volatile ("mov %%rbp, -16(%%rbp)\n\t"
+                      "mov %0, -8(%%rbp)\n\t"
+                      "lea -16(%%rbp), %%rbp" : : "r" (ret));
+#  else
+    /* Not a pre-indexed stp: its base may not be one of its sources. */
+    __asm__ volatile ("stp x29, %0, [x29, #-16]\n\t"
+                      "sub x29, x29, #16" : : "r" (ret));
+#  endif
+}
+
+static inline __attribute__((always_inline)) void
+_PyPerf_PopRecord(void)
+{
+#  if defined(__x86_64__)
+    __asm__ volatile ("lea 16(%rbp), %rbp");
+#  else
+    __asm__ volatile ("add x29, x29, #16");
 #  endif
 }
 
