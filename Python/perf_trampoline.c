@@ -959,7 +959,8 @@ activate(PyThreadState *tstate, const char *name)
     if (interp->id == 0) {
         _PyPerf_core.main_index = pi->extra_index[b];
         /* perf_jit's readers unwind with the call frame information */
-        _PyPerf_core.frame_records = (backend == &_PyPerf_MapBackend);
+        _PyPerf_core.records_interp =
+            (backend == &_PyPerf_MapBackend ? interp : NULL);
         _PyPerf_remote.active = b + 1;
     }
     set_hook(interp, pi, other);
@@ -988,7 +989,7 @@ _PyPerf_Deactivate(PyThreadState *tstate)
     }
     if (interp->id == 0) {
         _PyPerf_core.main_index = -1;
-        _PyPerf_core.frame_records = 0;
+        _PyPerf_core.records_interp = NULL;
         _PyPerf_remote.active = 0;
     }
     return 0;
@@ -1012,7 +1013,7 @@ _PyPerf_FiniInterp(PyInterpreterState *interp)
     }
     if (interp->id == 0) {
         _PyPerf_core.main_index = -1;
-        _PyPerf_core.frame_records = 0;
+        _PyPerf_core.records_interp = NULL;
         _PyPerf_remote.active = 0;
         _PyPerf_remote.eval_breaker = NULL;
     }

@@ -232,9 +232,10 @@ typedef struct {
     int arena_errno;            /* why arenas were refused */
     size_t code_size;           /* bytes of the template */
     size_t return_offset;       /* _PyPerf_TemplateReturn's, in it */
-    /* The main interpreter's backend is read by frame-pointer walks:
-       inlined calls may leave frame records (Python/ceval.c). */
-    int frame_records;
+    /* The main interpreter while its backend is read by frame-pointer
+       walks, so that inlined calls may leave frame records
+       (Python/ceval.c); otherwise NULL. */
+    PyInterpreterState *records_interp;
     size_t slot_size;           /* code_size rounded up to a slot */
     char *next;                 /* next free slot of the current arena */
     char *limit;                /* end of the current arena */
