@@ -293,7 +293,8 @@ class FrameRegister(NamedTuple):
     record_writes: re.Pattern
     any_write: re.Pattern   # an instruction that writes the register
     # How the evaluator moves the register to a record of an inlined call
-    # and back (Python/ceval.c): a copy from another register.
+    # and back (Python/ceval.c): a copy from another register, or one
+    # record's size down or up.
     record_moves: re.Pattern
 
 
@@ -303,14 +304,14 @@ FRAME_REGISTER = {
         "mov %rsp,%rbp",
         re.compile(r"mov %rsp,%rbp|pop %rbp|xor %ebp,%ebp"),
         re.compile(r"(?!push|cmp|test|bt)\S+ (.*,)?%(rbp|ebp|bp|bpl)"),
-        re.compile(r"mov %r(\w+),%rbp")),
+        re.compile(r"mov %r(\w+),%rbp|lea -?0x10\(%rbp\),%rbp")),
     # The destination is the first operand, except for stores and tests.
     "aarch64": FrameRegister(
         "mov x29, sp",
         re.compile(r"mov x29, sp|add x29, sp, #\w+|ldp x29, x30, \[sp.*"
                    r"|ldr x29, \[sp\], #\w+|mov x29, #0x0"),
         re.compile(r"(?!st|cmp|cmn|tst|ccm|cb|tb|prfm)\S+ [xw]29(,.*)?"),
-        re.compile(r"mov x29, x\d+")),
+        re.compile(r"mov x29, x\d+|(add|sub) x29, x29, #0x10")),
 }
 
 
