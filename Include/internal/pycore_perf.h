@@ -421,6 +421,7 @@ _PyPerf_SetFP(_PyPerf_Record *fp)
 static inline __attribute__((always_inline)) void
 _PyPerf_PushRecord(void *ret)
 {
+    Py_BUILD_ASSERT(sizeof(_PyPerf_Record) == 16);  /* the asm's steps */
 #  if defined(__x86_64__)
     __asm__ volatile ("mov %%rbp, -16(%%rbp)\n\t"
                       "mov %0, -8(%%rbp)\n\t"
