@@ -30,6 +30,11 @@ NOFP_PYTHON := $(CURDIR)/$(NOFP_TREE)/python
 # for make bench to show what they cost.
 RELEASE_TREE := build/cpython-release
 RELEASE_NOFP_TREE := build/cpython-release-nofp
+# make stock-release: pristine 3.11.2 built as make release builds ours,
+# without frame pointers (as Debian builds it; its configure has no
+# option for them), for make bench to tell what our patch costs in the
+# release build from what Debian's build gains over building from source.
+STOCK_RELEASE_TREE := build/cpython-stock-release
 RELEASE_FLAGS ?= --enable-optimizations --with-lto \
 	PROFILE_TASK=$(CURDIR)/tools/pgo_task.py
 RELEASE_FRAME_POINTERS := --with-frame-pointers=python
@@ -61,7 +66,7 @@ DEBIAN_TREE := build/cpython-debian
 # (tools/build-aarch64.sh).
 AARCH64_TREE := build/cpython-aarch64
 
-.PHONY: all build deps deps-test deps-jit tree export dist install test test-fresh demo demo-jit picture nofp release release-nofp bench clean help
+.PHONY: all build deps deps-test deps-jit tree export dist install test test-fresh demo demo-jit picture nofp release release-nofp stock-release bench clean help
 .PHONY: deps-debian debian install-debian test-debian
 .PHONY: deps-aarch64 aarch64 test-aarch64 test-release deb test-deb deb-fresh
 .PHONY: ext ext-stage
@@ -80,6 +85,7 @@ help:
 	@echo "make export     write edits in $(TREE) back to the overlay and patches/"
 	@echo "make release    build $(RELEASE_TREE): PGO + LTO, trained with -X perf too"
 	@echo "make release-nofp  the same without frame pointers (for make bench)"
+	@echo "make stock-release pristine 3.11.2 built alike, no frame pointers (for make bench)"
 	@echo "make dist       write $(DIST_PATCH) (patch -p1 on pristine 3.11.2)"
 	@echo "make install    build for PREFIX ($(PREFIX)) and install python3.11 there, as altinstall does"
 	@echo "make debian     build $(DEBIAN_TREE): Debian 12's python3.11 source and patches + ours"
@@ -148,12 +154,16 @@ release: tree
 
 # CPython links _bootstrap_python with the make variable only (the
 # executable gets both: the same spec twice, to no effect).
-release release-nofp install: export LDFLAGS_NODIST := $(NO_PIE_LINK)
+release release-nofp stock-release install: export LDFLAGS_NODIST := $(NO_PIE_LINK)
 
 release-nofp: tree
 	@TREE=$(RELEASE_NOFP_TREE) tools/assemble.sh
 	@tools/build.sh $(RELEASE_NOFP_TREE) $(BASE_FLAGS) $(RELEASE_FLAGS) \
 		$(RELEASE_EXE_FLAGS) --without-frame-pointers $(CONFIGURE_FLAGS)
+
+stock-release: deps
+	@tools/bench-stock.sh $(STOCK_RELEASE_TREE) $(BASE_FLAGS) \
+		$(RELEASE_FLAGS) $(RELEASE_EXE_FLAGS)
 
 dist: deps
 	@tools/dist.sh $(DIST_PATCH)

@@ -27,7 +27,9 @@ RESULTS = os.path.join(HERE, "results.json")
 # run_bench.py's ratio names kept in the results file, in this order.
 RATIOS = ("release on/off", "ours on/off", "3.12 on/off", "3.13 on/off",
           "ext on/off", "ours off/stock", "release off/theirs",
-          "release on/theirs", "packaged off/theirs", "packaged on/theirs")
+          "release on/theirs", "packaged off/theirs", "packaged on/theirs",
+          "release off/stock-release", "release on/stock-release",
+          "stock-release/theirs")
 SIDE_CONFIGS = {"-X perf": "perf", "-X perf_jit": "perf_jit"}
 # What the README's table cannot do without.
 NEEDED = ("ours on/off", "3.12 on/off", "3.13 on/off", "ours off/stock",
@@ -125,6 +127,15 @@ def readme_costs(f):
                      "%s / %s" % (r2(ratios["packaged off/theirs"]["geomean"]),
                                   r2(ratios["packaged on/theirs"]["geomean"])),
                      "", ""])
+    if "stock-release/theirs" in ratios:
+        rows += [
+            ["perf off / `-X perf`, against stock 3.11.2 built alike "
+             "(`make stock-release`)",
+             "%s / %s" % (r2(ratios["release off/stock-release"]["geomean"]),
+                          r2(ratios["release on/stock-release"]["geomean"])),
+             "", ""],
+            ["stock 3.11.2 built alike, against Debian's `python3.11`",
+             r2(ratios["stock-release/theirs"]["geomean"]), "", ""]]
     rows += [
         ["perf off, against stock 3.11.2 built alike (`make`'s build)",
          r2(ratios["ours off/stock"]["geomean"]), "", ""],

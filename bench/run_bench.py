@@ -50,6 +50,11 @@ Environment (or the matching command line options):
     BENCH_RELEASE_NOFP  the same without frame pointers, measured with perf
                     off: what frame pointers cost on their own (default
                     build/cpython-release-nofp/python when built)
+    BENCH_STOCK_RELEASE  pristine 3.11.2 built as the release build is,
+                    without frame pointers, measured with perf off: what
+                    the patch costs in the release build, and how far
+                    building from source is from Debian's build (default
+                    build/cpython-stock-release/python when built)
     BENCH_EXT       a stock python3.11 with perftramp311 installed, measured
                     with perf off and switched on by python -m perftramp311
                     (default build/ext/venv-debian/bin/python, Debian's
@@ -267,6 +272,11 @@ def make_configs(args):
                                   patient=True)
         configs.append(Config("release-nofp-off", "release-nofp",
                               args.release_nofp, False, version))
+    if args.stock_release:
+        version = wait_until_runs(args.stock_release, "stock-release",
+                                  patient=False)
+        configs.append(Config("stock-release", "stock-release",
+                              args.stock_release, False, version))
     for python in args.upstream:
         try:
             version = wait_until_runs(python, python, patient=False)
@@ -441,7 +451,10 @@ def summarize(configs, workloads, samples, units, unit_samples):
             add("release on/theirs", "release-on", "theirs")
             add("packaged off/theirs", "packaged-off", "theirs")
             add("packaged on/theirs", "packaged-on", "theirs")
+            add("stock-release/theirs", "stock-release", "theirs")
         add("release fp/nofp", "release-off", "release-nofp-off")
+        add("release off/stock-release", "release-off", "stock-release")
+        add("release on/stock-release", "release-on", "stock-release")
         for c in configs:
             if c.group not in ("stock", "ours") and c.perf:
                 add("%s on/off" % c.group, c.key, "%s-off" % c.group)
@@ -657,6 +670,9 @@ def parse_args():
     p.add_argument("--release-nofp", default=env.get("BENCH_RELEASE_NOFP"),
                    help="the same without frame pointers (default: "
                    "build/cpython-release-nofp/python when built)")
+    p.add_argument("--stock-release", default=env.get("BENCH_STOCK_RELEASE"),
+                   help="pristine 3.11.2 built alike (default: "
+                   "build/cpython-stock-release/python when built)")
     p.add_argument("--packaged", default=env.get("BENCH_PACKAGED"),
                    help="make deb's python3.11, unpacked (default: "
                    "build/deb/root/usr/bin/python3.11 when there; empty: "
@@ -685,6 +701,7 @@ def parse_args():
     for name, built in (
             ("release", "cpython-release/python"),
             ("release_nofp", "cpython-release-nofp/python"),
+            ("stock_release", "cpython-stock-release/python"),
             ("packaged", "deb/root/usr/bin/python3.11"),
             ("ext", "ext/venv-debian/bin/python")):
         built = os.path.join(ROOT, "build", built)
