@@ -134,7 +134,7 @@ def readme_costs(f):
              "%s / %s" % (r2(ratios["release off/stock-release"]["geomean"]),
                           r2(ratios["release on/stock-release"]["geomean"])),
              "", ""],
-            ["stock 3.11.2 built alike, against Debian's `python3.11`",
+            ["that stock 3.11.2, against Debian's `python3.11`",
              r2(ratios["stock-release/theirs"]["geomean"]), "", ""]]
     rows += [
         ["perf off, against stock 3.11.2 built alike (`make`'s build)",
