@@ -16,8 +16,8 @@ set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 DIR=${1:-$ROOT/build/cpython-stock}
 [ $# -gt 0 ] && shift
-# (BASE_FLAGS unquoted: several arguments)
 args=("$@")
+# (BASE_FLAGS unquoted: several arguments)
 [ $# -gt 0 ] || args=(CFLAGS="-fno-omit-frame-pointer -mno-omit-leaf-frame-pointer" ${BASE_FLAGS:-})
 NPROC=$(nproc 2>/dev/null || echo 2)
 [ "$NPROC" -gt 2 ] && NPROC=2    # shared machines: never more than 2 jobs
