@@ -98,6 +98,10 @@ def readme_costs(f):
                    else ratios.get(name, {}).get("workloads", {}).get(key))
                 for name in (ours, "3.12 on/off", "3.13 on/off")]
 
+    def geomeans(off, on):
+        return "%s / %s" % (r2(ratios[off]["geomean"]),
+                            r2(ratios[on]["geomean"]))
+
     def us(group):
         v = f["per_code_object_us"].get(group)
         return "+%.2f µs" % v if v is not None else ""
@@ -118,22 +122,19 @@ def readme_costs(f):
          us("3.12"), us("3.13")],
         ["perf off / `-X perf`, against Debian's `python3.11` "
          "(%d in-process workloads)" % n_theirs,
-         "%s / %s" % (r2(ratios["release off/theirs"]["geomean"]),
-                      r2(ratios["release on/theirs"]["geomean"])), "", ""],
+         geomeans("release off/theirs", "release on/theirs"), "", ""],
     ]
     if "packaged off/theirs" in ratios:
         rows.append(["`make deb`'s `python3.11`, perf off / `-X perf`, "
                      "against Debian's",
-                     "%s / %s" % (r2(ratios["packaged off/theirs"]["geomean"]),
-                                  r2(ratios["packaged on/theirs"]["geomean"])),
+                     geomeans("packaged off/theirs", "packaged on/theirs"),
                      "", ""])
     if "stock-release/theirs" in ratios:
         rows += [
             ["perf off / `-X perf`, against stock 3.11.2 built alike "
              "(`make stock-release`)",
-             "%s / %s" % (r2(ratios["release off/stock-release"]["geomean"]),
-                          r2(ratios["release on/stock-release"]["geomean"])),
-             "", ""],
+             geomeans("release off/stock-release",
+                      "release on/stock-release"), "", ""],
             ["that stock 3.11.2, against Debian's `python3.11`",
              r2(ratios["stock-release/theirs"]["geomean"]), "", ""]]
     rows += [
