@@ -580,6 +580,20 @@ jit_write_entry(const void *code, size_t code_size,
 }
 
 static int
+jit_write_entries(const _PyPerf_Entry *entries, size_t count,
+                  size_t code_size)
+{
+    for (size_t i = 0; i < count; i++) {
+        if (jit_write_entry(entries[i].code, code_size, entries[i].name,
+                            entries[i].name_size) < 0)
+        {
+            return -1;
+        }
+    }
+    return 0;
+}
+
+static int
 jit_after_fork_child(char *path, size_t path_size, int copy)
 {
     _PyPerf_File parent;
@@ -608,7 +622,7 @@ jit_span(size_t code_size)
 
 const _PyPerf_Backend _PyPerf_JitBackend = {
     .init = jit_init,
-    .write_entry = jit_write_entry,
+    .write_entries = jit_write_entries,
     .after_fork_child = jit_after_fork_child,
     .span = jit_span,
 };

@@ -37,7 +37,9 @@
  * short is a SIGBUS), never cut back and never holds a NUL byte.
  *
  * Several lines that exist before any of them is used go in one write: a
- * forked child's copy of its parent's lines, PyUnstable_CopyPerfMapFile().
+ * module's or class's line with those of what it defines (the core's
+ * batches, at most LINES_SIZE bytes each), a forked child's copy of its
+ * parent's lines, PyUnstable_CopyPerfMapFile().
  *
  * An exec'd image keeps the file (the process start time survives exec,
  * see perf_files.c) and appends after what the image before wrote.
@@ -70,10 +72,14 @@
  * Constants and state
  */
 
-/* The longest line of a name of _PyPerf_MAX_NAME bytes: two hex numbers,
-   two spaces, the name, a newline.  The C API's longer names are written
-   whole, from a buffer of their own. */
-#define MAX_LINE (2 * 2 * sizeof(uintptr_t) + 3 + _PyPerf_MAX_NAME)
+/* The longest line of a name of `escaped` bytes: two hex numbers, two
+   spaces, the name, a newline. */
+#define LINE_SIZE(escaped) (2 * 2 * sizeof(uintptr_t) + 3 + (escaped))
+
+/* Lines are made in a buffer of this many bytes, several at a time; it
+   holds at least one line of a name of _PyPerf_MAX_NAME bytes.  The C
+   API's longer names are written whole, from a buffer of their own. */
+#define LINES_SIZE (4 * LINE_SIZE(_PyPerf_MAX_NAME))
 
 static struct {
     /* Guards everything below (see the top of this file). */
@@ -93,8 +99,8 @@ static struct {
     char *rest;
     size_t rest_size;
     int torn;
-    /* A line is made here (not on the C stack, which may be deep). */
-    char line[MAX_LINE];
+    /* Lines are made here (not on the C stack, which may be deep). */
+    char lines[LINES_SIZE];
 } perfmap = {.lock = PTHREAD_MUTEX_INITIALIZER, .file = {.fd = -1}};
 
 /* ----------------------------------------------------------------------
@@ -355,6 +361,28 @@ append_name(char *buf, size_t pos, const char *name, size_t name_size,
     return pos;
 }
 
+/* Make the line "START SIZE NAME\n" at buf + pos, of a name of `escaped`
+   bytes once escaped; return the position after it. */
+static size_t
+make_line(char *buf, size_t pos, const void *code, size_t code_size,
+          const char *name, size_t name_size, size_t escaped)
+{
+    pos = append_hex(buf, pos, (uintptr_t)code);
+    buf[pos++] = ' ';
+    pos = append_hex(buf, pos, code_size);
+    buf[pos++] = ' ';
+    pos = append_name(buf, pos, name, name_size, escaped);
+    buf[pos++] = '\n';
+    return pos;
+}
+
+static size_t
+escaped_size(const char *name, size_t name_size)
+{
+    return name_size + 3 * _PyPerf_CountControls(
+        (const unsigned char *)name, name_size);
+}
+
 /* Append the line "START SIZE NAME\n" to the file.  A name is written
    whole, however long (a C API caller's may be): the line is made in a
    buffer of its own if it does not fit the usual one. */
@@ -362,26 +390,20 @@ static int
 add_line(const void *code, size_t code_size, const char *name,
          size_t name_size)
 {
-    size_t escaped = name_size + 3 * _PyPerf_CountControls(
-        (const unsigned char *)name, name_size);
-    size_t max = 2 * 2 * sizeof(uintptr_t) + 3 + escaped;
-    char *line = perfmap.line;
-    if (max > sizeof(perfmap.line)) {
+    size_t escaped = escaped_size(name, name_size);
+    size_t max = LINE_SIZE(escaped);
+    char *line = perfmap.lines;
+    if (max > sizeof(perfmap.lines)) {
         line = PyMem_RawMalloc(max);
         if (line == NULL) {
             errno = ENOMEM;
             return -1;
         }
     }
-    size_t n = append_hex(line, 0, (uintptr_t)code);
-    line[n++] = ' ';
-    n = append_hex(line, n, code_size);
-    line[n++] = ' ';
-    n = append_name(line, n, name, name_size, escaped);
-    line[n++] = '\n';
+    size_t n = make_line(line, 0, code, code_size, name, name_size, escaped);
     assert(n <= max);
     int res = append(line, n);
-    if (line != perfmap.line) {
+    if (line != perfmap.lines) {
         int saved = errno;
         PyMem_RawFree(line);
         errno = saved;
@@ -404,17 +426,31 @@ perfmap_init(char *path, size_t path_size)
     return res;
 }
 
+/* The core's entries: as many lines in one write as the buffer holds
+   (its names are at most _PyPerf_MAX_NAME bytes). */
 static int
-perfmap_write_entry(const void *code, size_t code_size,
-                    const char *name, size_t name_size)
+perfmap_write_entries(const _PyPerf_Entry *entries, size_t count,
+                      size_t code_size)
 {
     if (lock_map() < 0) {
         return -1;
     }
     char path[64];
     int res = open_map(path, sizeof(path));
-    if (res == 0) {
-        res = add_line(code, code_size, name, name_size);
+    size_t pos = 0;
+    for (size_t i = 0; i < count && res == 0; i++) {
+        const _PyPerf_Entry *e = &entries[i];
+        size_t escaped = escaped_size(e->name, e->name_size);
+        assert(LINE_SIZE(escaped) <= sizeof(perfmap.lines));
+        if (sizeof(perfmap.lines) - pos < LINE_SIZE(escaped)) {
+            res = append(perfmap.lines, pos);
+            pos = 0;
+        }
+        pos = make_line(perfmap.lines, pos, e->code, code_size, e->name,
+                        e->name_size, escaped);
+    }
+    if (res == 0 && pos > 0) {
+        res = append(perfmap.lines, pos);
     }
     unlock_map();
     return res;
@@ -447,7 +483,8 @@ perfmap_after_fork_child(char *path, size_t path_size, int copy)
 
 const _PyPerf_Backend _PyPerf_MapBackend = {
     .init = perfmap_init,
-    .write_entry = perfmap_write_entry,
+    .write_entries = perfmap_write_entries,
+    .define_nested = 1,
     .after_fork_child = perfmap_after_fork_child,
 };
 

@@ -102,6 +102,10 @@
 #define MAX_QUALNAME 1024
 #define MAX_FILENAME 2048
 
+/* How deep in class bodies a code object's first run looks for the code
+   objects they define (see new_nested()). */
+#define MAX_CLASS_NESTING 4
+
 /* Fast-path calls may use at most 1/STACK_BUDGET_DIVISOR of a thread's C
    stack (each costs a few hundred bytes of it); the rest stays for the
    program, whose Python-to-Python calls otherwise need no C stack. */
@@ -399,43 +403,134 @@ report_failure(const char *what)
     }
 }
 
-/* Give `co` a slot of its own and describe it to the backend.  Returns
-   NULL (without an exception) if that cannot be done. */
+/* What one call of assign_trampoline() gives trampolines for. */
+typedef struct {
+    const perf_interp *pi;
+    Py_ssize_t index;           /* the backend's co_extra index */
+    size_t span;                /* bytes each trampoline owns */
+    PyCodeObject *first;        /* the code object about to run */
+} assignment;
+
+/* Describe the gathered entries to the backend.  If that fails, the code
+   objects gathered only because their definer ran (all but a->first) lose
+   their trampolines again (nothing has run in them): each gets a new one,
+   and another try at its entry, on its own first run. */
+static void
+write_entries(const assignment *a)
+{
+    size_t count = _PyPerf_core.entry_count;
+    _PyPerf_core.entry_count = 0;
+    _PyPerf_core.names_used = 0;
+    if (count == 0
+        || a->pi->backend->write_entries(_PyPerf_core.entries, count,
+                                         _PyPerf_core.code_size) == 0)
+    {
+        return;
+    }
+    report_failure(WRITE_FAILED);
+    for (size_t i = 0; i < count; i++) {
+        PyCodeObject *co = _PyPerf_core.entry_code[i];
+        if (co != a->first) {
+            /* Cannot fail: its extras have room for the index. */
+            (void)_PyCode_SetExtra((PyObject *)co, a->index, NULL);
+        }
+    }
+}
+
+/* Give `co` a slot of its own and gather its entry.  Returns the slot, or
+   NULL if that cannot be done (an exception may be set then). */
+static char *
+new_trampoline(PyCodeObject *co, const assignment *a)
+{
+    char *slot = new_slot(a->span);
+    if (slot == NULL) {
+        report_failure("cannot map more executable memory; functions "
+                       "called from now on get no trampoline");
+        return NULL;
+    }
+    if (_PyCode_SetExtra((PyObject *)co, a->index, slot) < 0) {
+        /* The slot stays unused: harmless, and rare. */
+        return NULL;
+    }
+    if (_PyPerf_core.entry_count == _PyPerf_BATCH
+        || (_PyPerf_BATCH_NAMES - _PyPerf_core.names_used
+            < _PyPerf_MAX_NAME))
+    {
+        write_entries(a);
+    }
+    size_t i = _PyPerf_core.entry_count++;
+    char *name = _PyPerf_core.names + _PyPerf_core.names_used;
+    _PyPerf_core.entry_code[i] = co;
+    _PyPerf_core.entries[i].code = slot;
+    _PyPerf_core.entries[i].name = name;
+    _PyPerf_core.entries[i].name_size = format_name(co, name);
+    _PyPerf_core.names_used += _PyPerf_core.entries[i].name_size;
+    return slot;
+}
+
+/* Gather entries for the code objects `co` defines that have no
+   trampoline yet.  What a module or class body defines mostly runs soon
+   after it, and a class body at once: so what class bodies define is
+   gathered too, to MAX_CLASS_NESTING levels (deeper ones, and what
+   functions define, get theirs when their definer first runs).  Returns
+   -1 when no more trampolines can be made. */
+static int
+new_nested(PyCodeObject *co, const assignment *a, int depth)
+{
+    PyObject *consts = co->co_consts;
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(consts); i++) {
+        PyObject *item = PyTuple_GET_ITEM(consts, i);
+        if (!PyCode_Check(item)) {
+            continue;
+        }
+        PyCodeObject *code = (PyCodeObject *)item;
+        if (_PyPerf_Lookup(code, a->index) != NULL) {
+            continue;
+        }
+        if (new_trampoline(code, a) == NULL) {
+            return -1;
+        }
+        if (!(code->co_flags & CO_OPTIMIZED) && depth < MAX_CLASS_NESTING
+            && new_nested(code, a, depth + 1) < 0)
+        {
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* Give `co` a trampoline and describe it to the backend, before it first
+   runs; if `nested`, also the code objects it defines, where the backend
+   wants that.  Returns NULL (without an exception) if that cannot be
+   done. */
 static _PyPerf_Trampoline
-assign_trampoline(PyCodeObject *co, const perf_interp *pi)
+assign_trampoline(PyCodeObject *co, const perf_interp *pi, int nested)
 {
     if (_PyPerf_core.arena_status != _PyPerf_ARENAS_OK
         || _PyPerf_core.no_new)
     {
         return NULL;
     }
-    Py_ssize_t index = pi->extra_index[backend_number(pi->backend)];
-    size_t span = _PyPerf_core.code_size;
+    assignment a = {
+        .pi = pi,
+        .index = pi->extra_index[backend_number(pi->backend)],
+        .span = _PyPerf_core.code_size,
+        .first = co,
+    };
     if (pi->backend->span != NULL) {
-        span = pi->backend->span(_PyPerf_core.code_size);
-    }
-    char *slot = new_slot(span);
-    if (slot == NULL) {
-        report_failure("cannot map more executable memory; functions "
-                       "called from now on get no trampoline");
-        return NULL;
+        a.span = pi->backend->span(_PyPerf_core.code_size);
     }
     /* _PyCode_SetExtra can fail (memory), and may set an exception then;
        whatever exception the frame carries (throw()) must survive. */
     PyObject *type, *value, *tb;
     PyErr_Fetch(&type, &value, &tb);
-    int res = _PyCode_SetExtra((PyObject *)co, index, slot);
+    char *slot = new_trampoline(co, &a);
+    if (slot != NULL && nested && pi->backend->define_nested) {
+        (void)new_nested(co, &a, 0);
+    }
+    write_entries(&a);
     PyErr_Clear();
     PyErr_Restore(type, value, tb);
-    if (res < 0) {
-        /* The slot stays unused: harmless, and rare. */
-        return NULL;
-    }
-    size_t name_size = format_name(co, _PyPerf_core.name);
-    if (pi->backend->write_entry(slot, _PyPerf_core.code_size,
-                                 _PyPerf_core.name, name_size) < 0) {
-        report_failure(WRITE_FAILED);
-    }
     return (_PyPerf_Trampoline)slot;
 }
 
@@ -453,7 +548,7 @@ trampoline_for_slow(PyInterpreterState *interp, PyCodeObject *co)
     if (t != NULL) {
         return t;
     }
-    return assign_trampoline(co, pi);
+    return assign_trampoline(co, pi, 1);
 }
 
 static int below_budget(uintptr_t sp);
@@ -1179,7 +1274,7 @@ PyUnstable_PerfTrampoline_CompileCode(PyCodeObject *co)
     }
     Py_ssize_t index = pi->extra_index[backend_number(pi->backend)];
     if (_PyPerf_Lookup(co, index) != NULL
-        || assign_trampoline(co, pi) != NULL)
+        || assign_trampoline(co, pi, 0) != NULL)
     {
         return 0;
     }

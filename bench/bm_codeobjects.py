@@ -4,11 +4,12 @@ Generates 190 modules of 50 functions and 10 classes with 5 methods each,
 compiles and executes every module, then calls every function and method
 exactly once: 21090 distinct code objects (module and class bodies included)
 with realistic qualnames and file names, each run once.  With perf on, each
-first run creates a trampoline and writes one map line.  The chunks (one
-per module) include compiling it; the units' own time leaves compile out,
-so that (time with perf - time without) / 21090 is the per-code-object cost
-of the profiling support rather than a small difference of two large times.
-Source generation is not timed.
+gets a trampoline and a map line; a module's first run writes the lines of
+all it defines together (the best case for that: everything defined here
+runs).  The chunks (one per module) include compiling it; the units' own
+time leaves compile out, so that (time with perf - time without) / 21090
+is the per-code-object cost of the profiling support rather than a small
+difference of two large times.  Source generation is not timed.
 """
 import functools
 import time

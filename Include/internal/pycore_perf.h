@@ -164,17 +164,29 @@ extern int _PyPerf_ConfigForkCopy(const PyConfig *config,
 
 #ifdef PY_HAVE_PERF_TRAMPOLINE
 
+/* A new trampoline and its name, to be described to profilers. */
+typedef struct {
+    const void *code;
+    const char *name;
+    size_t name_size;
+} _PyPerf_Entry;
+
 /* An output that describes trampolines to profilers.  Functions return 0,
    or -1 with errno set; `path` receives the file's name for messages. */
 typedef struct {
     /* Open this process's output (idempotent). */
     int (*init)(char *path, size_t path_size);
-    /* Describe a new trampoline of code_size bytes at code. */
-    int (*write_entry)(const void *code, size_t code_size,
-                       const char *name, size_t name_size);
+    /* Describe `count` new trampolines of code_size bytes each. */
+    int (*write_entries)(const _PyPerf_Entry *entries, size_t count,
+                         size_t code_size);
+    /* Nonzero if a code object's first run also makes the trampolines of
+       the code objects it defines (functions, classes, comprehensions),
+       so that their entries go out in one write_entries(): for outputs
+       where an entry costs a system call more than its bytes. */
+    int define_nested;
     /* In a forked child: let go of the parent's output.  If `copy`, start
        the child's own, covering every trampoline described before the
-       fork; otherwise write_entry starts it, empty.  No-op if never
+       fork; otherwise write_entries starts it, empty.  No-op if never
        initialized. */
     int (*after_fork_child)(char *path, size_t path_size, int copy);
     /* Optional: at exit (also os._exit()), tidy the output up.  Every
@@ -193,6 +205,11 @@ extern const _PyPerf_Backend _PyPerf_JitBackend;
 
 /* An upper bound on the length of a trampoline's name (no NUL). */
 #define _PyPerf_MAX_NAME 3200
+
+/* At most this many entries, with names of this many bytes in all, are
+   written together. */
+#define _PyPerf_BATCH 64
+#define _PyPerf_BATCH_NAMES (4 * _PyPerf_MAX_NAME)
 
 /* A byte a map line writes as \xNN (an ASCII control character or DEL),
    so that an entry is always one line. */
@@ -245,9 +262,13 @@ typedef struct {
     int no_new;                 /* a child about to exec: no new trampolines */
     struct _PyPerf_Interp *interps;   /* interpreters that activated */
     size_t interp_count;
-    /* A new trampoline's name is made here, not on the C stack: that can
-       run near the bottom of a deep one. */
-    char name[_PyPerf_MAX_NAME];
+    /* New trampolines' entries, gathered here (not on the C stack: that
+       can run near the bottom of a deep one) until they are written. */
+    _PyPerf_Entry entries[_PyPerf_BATCH];
+    PyCodeObject *entry_code[_PyPerf_BATCH];    /* whose each one is */
+    size_t entry_count;
+    size_t names_used;
+    char names[_PyPerf_BATCH_NAMES];
 } _PyPerf_Core;
 
 extern _PyPerf_Core _PyPerf_core;

@@ -99,11 +99,13 @@ class WriteEntryTests(CapiTestCase):
         result = self.run_capi(f"""
             def before():
                 return 1
+            def later():
+                def after():            # named on its first call
+                    return 2
+                after()
             before()
             print(write({JIT_BASE:#x}, 0x40, "py::jitted_one:<jit>"))
-            def after():
-                return 2
-            after()
+            later()
             print(write({JIT_BASE + 0x1000:#x}, 0x80, "py::jitted_two:<jit>"))
             """, python_args=PERF)
         self.assertEqual(result.stdout, "(0, 0)\n(0, 0)\n")
@@ -112,7 +114,7 @@ class WriteEntryTests(CapiTestCase):
         two = MapEntry(JIT_BASE + 0x1000, 0x80, "py::jitted_two:<jit>")
         symbols = [e.symbol for e in entries]
         before = symbols.index(f"py::before:{result.path}")
-        after = symbols.index(f"py::after:{result.path}")
+        after = symbols.index(f"py::later.<locals>.after:{result.path}")
         # In the order they were made, each once.
         self.assertLess(before, entries.index(one))
         self.assertLess(entries.index(one), after)
@@ -256,20 +258,25 @@ class WriteEntryTests(CapiTestCase):
         result = self.run_capi("""
             def before():
                 return 1
+            def later():
+                def after():            # named on its first call
+                    return 2
+                after()
             before()
-            map_descriptors()           # its trampoline, before Fini
             inode = os.stat(MAP).st_ino
             fini()
             print(map_descriptors())
-            def after():
-                return 2
-            after()
+            later()
             print(os.stat(MAP).st_ino == inode, len(map_descriptors()))
             """, python_args=PERF)
         self.assertEqual(result.stdout, "[]\nTrue 1\n")
         self.assertEqual(result.stderr, "")
+        # The module's first run named what it defines (the prelude's
+        # functions too).
         self.assertEqual(result.script_names(),
-                         ["<module>", "before", "map_descriptors", "after"])
+                         ["<module>", "fresh_map", "map_text",
+                          "map_descriptors", "before", "later",
+                          "later.<locals>.after"])
 
     def test_unusable_path(self):
         result = self.run_capi("""
@@ -397,24 +404,31 @@ class CompileCodeTests(CapiTestCase):
 class ForkTests(CapiTestCase):
 
     # argv[1]: the SetPersistAfterFork argument, or "-" not to call it.
+    # f and g are made from code that never ran (the module's first run
+    # would have named them): compile_code() names them.  child_only is
+    # named on its first call, in the child.
     SCRIPT = """
-        def f():
-            return 1
-        def g():
-            return 2
+        import types
+        fresh = compile("def f():\\n    return 1\\n"
+                        "def g():\\n    return 2\\n", __file__, "exec")
+        f, g = (types.FunctionType(code, globals())
+                for code in fresh.co_consts if isinstance(code, types.CodeType))
+        def child():
+            def child_only():
+                return 3
+            child_only()
         if sys.argv[1] != "-":
             print(persist(int(sys.argv[1])))
         print(compile_code(f.__code__), compile_code(g.__code__))
         pid = os.fork()
         if pid == 0:
             f(); g()
-            def child_only():
-                return 3
-            child_only()
+            child()
             os._exit(0)
         _, status = os.waitpid(pid, 0)
         print(pid, os.waitstatus_to_exitcode(status))
         """
+    CHILD_ONLY = "child.<locals>.child_only"
 
     def run_fork(self, persist="-", python_args=PERF):
         result = self.run_capi(self.SCRIPT, python_args=python_args,
@@ -432,7 +446,7 @@ class ForkTests(CapiTestCase):
         # and g, which kept their addresses.  (The parent may have written
         # more lines after the fork.)
         self.assertEqual(in_child[-1].symbol,
-                         f"py::child_only:{result.path}")
+                         f"py::{self.CHILD_ONLY}:{result.path}")
         inherited = in_child[:-1]
         self.assertEqual(parent[:len(inherited)], inherited)
         for name in ("f", "g"):
@@ -457,12 +471,12 @@ class ForkTests(CapiTestCase):
         result, child = self.run_fork("0")
         self.assertEqual(result.stdout.splitlines()[0], "0")
         self.assertEqual(result.script_names(child),
-                         ["f", "g", "child_only"])
+                         ["f", "g", "child", self.CHILD_ONLY])
         parent = {e.qualname: e for e in result.script_entries()}
         for entry in result.script_entries(child):
             if entry.qualname in ("f", "g"):
                 self.assertNotEqual(entry.start, parent[entry.qualname].start)
-        self.assertNotIn("child_only", parent)
+        self.assertNotIn(self.CHILD_ONLY, parent)
 
     def test_persist_after_fork_values(self):
         result = self.run_capi("""
@@ -524,13 +538,15 @@ class ForkTests(CapiTestCase):
                 with open(MAP, "rb") as f:
                     if b" py::bg_" in f.read():
                         break
+            def child_work():
+                def in_child():         # named on its first call
+                    return 1
+                in_child()
             for i in range(20):
                 pid = os.fork()
                 if pid == 0:
                     rc = write(0x1000 + i, 1, f"py::child_{{i}}:<jit>")
-                    def in_child():
-                        return 1
-                    in_child()
+                    child_work()
                     os._exit(0 if rc == (0, 0) else 1)
                 children.append(pid)
             statuses = [os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
@@ -555,7 +571,8 @@ class ForkTests(CapiTestCase):
                    and e.filename in ("<jit>", result.path)]
             self.assertEqual(
                 [e.symbol for e in own],
-                [f"py::child_{i}:<jit>", f"py::in_child:{result.path}"])
+                [f"py::child_{i}:<jit>",
+                 f"py::child_work.<locals>.in_child:{result.path}"])
 
 
 class CopyPerfMapFileTests(CapiTestCase):

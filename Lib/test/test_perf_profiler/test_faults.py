@@ -336,9 +336,9 @@ class MapFaultTests(StressTestCase):
                 with open(target) as f:
                     self.assertEqual(f.read(), "original\n")
 
-    def run_in_private_tmp(self, shell, source, *args):
+    def run_in_private_tmp(self, shell, source, *args, size="64k"):
         """Run source with `args` in a mount namespace whose /tmp is a
-        fresh 64 KiB tmpfs prepared by `shell`; skip if that is not
+        fresh tmpfs of `size` prepared by `shell`; skip if that is not
         permitted here."""
         for path in (sys.executable, sysconfig.get_paths()["stdlib"]):
             real = os.path.realpath(path)
@@ -357,7 +357,7 @@ class MapFaultTests(StressTestCase):
                           f"{probe.stdout.strip()[:200]}")
         # The script is passed with -c: the test's directory is under the
         # /tmp that the new mount hides.
-        command = ("mount -t tmpfs -o size=64k tmpfs /tmp && " + shell
+        command = (f"mount -t tmpfs -o size={size} tmpfs /tmp && " + shell
                    + ' && exec "$0" "$@"')
         return subprocess.run(
             [unshare, "--mount", "--propagation", "private", "sh", "-c",
@@ -398,10 +398,18 @@ class MapFaultTests(StressTestCase):
     def test_full_tmp_then_space_again(self):
         # After a failed write, space comes back and writing resumes: the
         # line cut short is finished first, and the new lines follow it.
+        # Functions whose definer's lines failed are named on their first
+        # call after that.  (re is imported first, with room for the
+        # lines of what its modules define: the check's import would
+        # otherwise make them at the end.)
         source = textwrap.dedent("""
-            import os
-            with open("/tmp/filler", "wb") as f:
-                f.write(b"x" * 40000)
+            import os, re
+            with open("/tmp/filler", "wb", buffering=0) as f:
+                try:
+                    while True:
+                        f.write(b"x" * 4096)
+                except OSError:
+                    pass                # all that is left is the map's
             def make(prefix, n):
                 total = 0
                 for i in range(n):
@@ -410,13 +418,21 @@ class MapFaultTests(StressTestCase):
                     total += ns[f"{prefix}_{i}"]()
                 return total
             print(make("before", 1000))
+            pending = {}
+            exec("".join(f"def pending_{i}(): return {i}\\n"
+                         for i in range(50)), pending)
             os.unlink("/tmp/filler")
-            print(make("after", 20))
+            print(make("after", 20),
+                  sum(pending[f"pending_{i}"]() for i in range(50)))
+            with open(f"/tmp/perf-{os.getpid()}.map", "rb") as f:
+                print(f.read().count(b" py::pending_"))
             """) + textwrap.dedent(self.CHECK_OWN_MAP)
-        result = self.run_in_private_tmp("true", source, *PERF)
+        result = self.run_in_private_tmp("true", source, *PERF,
+                                         size="256k")
         self.assertEqual(result.returncode, 0, result.stderr)
         self.assertEqual(result.stdout.splitlines(),
-                         ["499500", "190", "map True True False 0 []"])
+                         ["499500", "190 1225", "50",
+                          "map True True False 0 []"])
         only_warning(self, result.stderr, "No space left on device")
 
     # Daemons close every descriptor they did not open (python-daemon,
@@ -429,22 +445,28 @@ class MapFaultTests(StressTestCase):
         def before():
             return 1
 
+        # Functions defined in functions are named on their first call
+        # (the module's first run names only what it defines).
+        def parent():
+            def after():
+                return 2
+            after()
+
+        def child():
+            def in_child():
+                return 3
+            in_child()
+
         before()
         os.closerange(3, 65536)
         fd = os.open("data.txt", os.O_WRONLY | os.O_CREAT | os.O_TRUNC,
                      0o600)
         os.write(fd, b"parent\\n")
-
-        def after():
-            return 2
-
-        after()                      # a new trampoline: a map line
+        parent()                     # a new trampoline: a map line
         if sys.argv[1] == "fork":
             pid = os.fork()
             if pid == 0:
-                def in_child():
-                    return 3
-                in_child()
+                child()
                 try:
                     os.write(fd, b"child\\n")
                 except OSError as exc:
@@ -484,23 +506,27 @@ class MapFaultTests(StressTestCase):
         def before():
             return 1
 
+        # Functions defined in functions are named on their first call
+        # (the module's first run names only what it defines).
+        def closed():
+            def after():
+                return 2
+            after()
+
+        def reopened():
+            def later():
+                return 3
+            later()
+
         before()
         # A daemon's start: close every descriptor, then reopen the
         # standard ones on a file of its own, expecting 0, 1 and 2.
         out = os.path.abspath("out.txt")
         os.closerange(0, 65536)
-
-        def after():                # a new trampoline: the map reopens
-            return 2
-
-        after()
+        closed()                    # a new trampoline: the map reopens
         fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         numbers = [fd, os.dup2(fd, 1), os.dup2(fd, 2)]
-
-        def later():
-            return 3
-
-        later()
+        reopened()
         os.write(1, f"{numbers}\\n".encode())
         """
 
@@ -516,7 +542,8 @@ class MapFaultTests(StressTestCase):
         self.assertEqual(outputs, ["[0, 1, 2]\n"] * 2)
         names = [line.split(b" ", 2)[2].decode()
                  for line in self.map_lines(result.pid)]
-        for name in ("before", "after", "later"):
+        for name in ("before", "closed.<locals>.after",
+                     "reopened.<locals>.later"):
             self.assertIn(f"py::{name}:{self.tmpdir}/script.py", names)
 
     @unittest.skipUnless(hasattr(signal, "SIGXFSZ"), "needs RLIMIT_FSIZE")

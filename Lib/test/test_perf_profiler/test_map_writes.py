@@ -9,6 +9,7 @@ may stop the process or make it lose a name.
 """
 
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -96,14 +97,17 @@ class MapWriteTests(PerfTestCase):
         result = self.run_script(source, python_args=["-X", "perf"],
                                  check=False)
         self.assertEqual(result.returncode, 7, result.stderr)
-        self.assertIn("last_new_function", result.script_names())
+        self.assertIn("finish.<locals>.last_new_function",
+                      result.script_names())
 
     def test_written_at_os_exit(self):
         self.check_written_at_exit("""\
             import os
-            def last_new_function():
-                pass
-            last_new_function()
+            def finish():            # names it on its first call
+                def last_new_function():
+                    pass
+                last_new_function()
+            finish()
             os._exit(7)
             """)
 
@@ -113,9 +117,11 @@ class MapWriteTests(PerfTestCase):
         self.check_written_at_exit("""\
             import ctypes
             c_exit = ctypes.PyDLL(None).exit
-            def last_new_function():
-                pass
-            last_new_function()
+            def finish():            # names it on its first call
+                def last_new_function():
+                    pass
+                last_new_function()
+            finish()
             c_exit(7)
             """)
 
@@ -123,27 +129,29 @@ class MapWriteTests(PerfTestCase):
     # The process dies in `last`, called from `middle`, called from
     # `first`, right after their first calls, and nothing in between lets
     # the GIL go: their lines were written when they were made, or never.
+    # first() is named with the module, middle() (and with it, what it
+    # defines) on its first call.
     DIES = """\
         import faulthandler, os, signal, sys
 
-        def last():
-            {die}
-
-        def middle():
-            last()
-
         def first():
+            def middle():
+                def last():
+                    {die}
+                last()
             middle()
 
         first()
         """
+    NAMES = ("first", "first.<locals>.middle",
+             "first.<locals>.middle.<locals>.last")
 
     def check_named_after(self, die, returncode):
         result = self.run_script(self.DIES.format(die=die),
                                  python_args=["-X", "perf"], check=False)
         self.assertEqual(result.returncode, returncode, result.stderr)
         names = result.script_names()
-        for name in ("first", "middle", "last"):
+        for name in self.NAMES:
             self.assertEqual(names.count(name), 1, names)
         data = self.map_bytes(result.pid)
         self.assertNotIn(b"\0", data)
@@ -173,7 +181,7 @@ class MapWriteTests(PerfTestCase):
         self.assertEqual(result.stdout, "ran\n")
         symbols = [e.symbol for e in result.map_entries()]
         self.assertEqual(symbols.count("py::after_exec:<string>"), 1)
-        self.assertLess(symbols.index(f"py::last:{result.path}"),
+        self.assertLess(symbols.index(f"py::{self.NAMES[-1]}:{result.path}"),
                         symbols.index("py::after_exec:<string>"))
         self.assertNotIn(b"\0", self.map_bytes(result.pid))
 
@@ -226,7 +234,7 @@ class MapWriteTests(PerfTestCase):
                 self.assertIsNotNone(match, line)
                 start, _, symbol = match.groups()
                 self.assertEqual(seen.setdefault(start, symbol), symbol)
-                storm_lines += symbol.startswith("py::t")
+                storm_lines += re.match(r"py::t\d+_f\d+:", symbol) is not None
             if 0 < storm_lines < threads * per_thread:
                 partial_reads += 1
             if done:
@@ -235,7 +243,7 @@ class MapWriteTests(PerfTestCase):
         self.assertTrue(data.endswith(b"\n"), data[-100:])
         final = {f"{e.start:x}": e.symbol for e in read_map(proc.pid)}
         self.assertEqual(final, final | seen)
-        self.assertEqual(sum(symbol.startswith("py::t")
+        self.assertEqual(sum(re.match(r"py::t\d+_f\d+:", symbol) is not None
                              for symbol in final.values()),
                          threads * per_thread)
         # A line caught being written is the start of a whole one.
@@ -250,7 +258,8 @@ class MapWriteTests(PerfTestCase):
     def io_writes_script(self, body):
         """A script that makes 3000 new functions, then runs `body`, in
         which writes() counts the process's write() calls so far
-        (/proc/self/io)."""
+        (/proc/self/io), and `defining` is how many the module that
+        defines the functions made."""
         return textwrap.dedent("""\
             import os, sys
             def writes():
@@ -261,8 +270,11 @@ class MapWriteTests(PerfTestCase):
             n = 3000
             source = "".join(f"def handler_{i}(x):\\n    return x\\n"
                              for i in range(n))
+            code = compile(source, "handlers.py", "exec")
             namespace = {}
-            exec(compile(source, "handlers.py", "exec"), namespace)
+            defining = writes()
+            exec(code, namespace)
+            defining = writes() - defining
             functions = [namespace[f"handler_{i}"] for i in range(n)]
             """) + textwrap.dedent(body)
 
@@ -272,17 +284,74 @@ class MapWriteTests(PerfTestCase):
         self.assertEqual(handlers,
                          {"<module>"} | {f"handler_{i}" for i in range(3000)})
 
-    def test_one_write_per_line(self):
+    def test_definitions_written_together_before_they_run(self):
+        # The module's first run writes its own line and those of the
+        # 3000 functions it defines, in a few writes of many lines: all
+        # are in the file before any of the functions runs, and their
+        # calls write nothing.
         result = self.run_script(self.io_writes_script("""\
+            with open(f"/tmp/perf-{os.getpid()}.map") as f:
+                named = sum(" py::handler_" in line for line in f)
             before = writes()
             for function in functions:
                 function(1)
-            print(writes() - before)
+            print(defining, named, writes() - before)
             """), python_args=["-X", "perf"])
-        writes = int(result.stdout)
-        self.assertGreaterEqual(writes, 3000)
-        self.assertLess(writes, 3000 + 10)
+        defining, named, calling = map(int, result.stdout.split())
+        self.assertEqual(named, 3000)
+        self.assertGreaterEqual(defining, 1)
+        self.assertLess(defining, 100)
+        self.assertEqual(calling, 0)
         self.check_handlers(result.pid)
+
+    def test_classes_named_with_their_module(self):
+        # A class body runs as soon as it is defined: the module's first
+        # run also names what its classes (and theirs) define.  A
+        # function's own definitions wait for its first call.
+        result = self.run_script("""\
+            import os
+            class Outer:
+                def method(self):
+                    def local():
+                        pass
+                class Inner:
+                    def deep(self):
+                        pass
+            with open(f"/tmp/perf-{os.getpid()}.map") as f:
+                print(sum(f" py::{name}:" in line for line in f
+                          for name in ("Outer", "Outer.method",
+                                       "Outer.Inner", "Outer.Inner.deep")),
+                      end=" ")
+            with open(f"/tmp/perf-{os.getpid()}.map") as f:
+                print(sum(" py::Outer.method.<locals>.local:" in line
+                          for line in f))
+            """, python_args=["-X", "perf"])
+        self.assertEqual(result.stdout, "4 0\n")
+
+    def test_one_write_per_function_defined_by_a_function(self):
+        # What a function defines is named on its own first call, one
+        # write each: a closure may first run long after its definer,
+        # or never.
+        result = self.run_script("""\
+            import os
+            def writes():
+                with open("/proc/self/io", encoding="ascii") as f:
+                    for line in f:
+                        if line.startswith("syscw:"):
+                            return int(line.split()[1])
+            def factory(n):
+                def made():
+                    return n
+                return made
+            factory(0)
+            with open(f"/tmp/perf-{os.getpid()}.map") as f:
+                named = sum("py::factory.<locals>.made" in line for line in f)
+            before = writes()
+            factory(1)()
+            print(named, writes() - before)
+            """, python_args=["-X", "perf"])
+        self.assertEqual(result.stdout.split(), ["0", "1"])
+        self.assertIn("factory.<locals>.made", result.script_names())
 
     def test_fork_copies_lines_in_few_writes(self):
         # A new task's I/O counters start at zero: what the child counts
@@ -347,13 +416,15 @@ class OtherWritersTests(PerfTestCase):
         import os
         def before():
             return 1
+        def later():
+            def after():                # named on its first call
+                return 2
+            after()
         before()
         # What Node's --perf-basic-prof and perf-map-agent do first to
         # /tmp/perf-<their pid>.map.
         fd = os.open(f"/tmp/perf-{os.getpid()}.map", os.O_WRONLY | os.O_TRUNC)
-        def after():
-            return 2
-        after()
+        later()
         os.close(fd)
         print("survived")
         """
@@ -363,7 +434,7 @@ class OtherWritersTests(PerfTestCase):
                                  check=False)
         self.assertEqual((result.returncode, result.stdout, result.stderr),
                          (0, "survived\n", ""))
-        self.assertEqual(result.script_names(), ["after"])
+        self.assertEqual(result.script_names(), ["later.<locals>.after"])
 
     @needs_host("unshare, and a PID namespace of the host's kernel")
     def test_same_pid_in_another_namespace_truncates(self):
@@ -388,12 +459,14 @@ class OtherWritersTests(PerfTestCase):
             import os, sys
             def before():
                 return 1
+            def later():
+                def after():            # named on its first call
+                    return 2
+                after()
             before()
             print(os.getpid(), flush=True)
             sys.stdin.readline()
-            def after():
-                return 2
-            after()
+            later()
             print("survived", flush=True)
             """)
         proc = in_namespace([sys.executable, "-X", "perf", path],
@@ -416,7 +489,7 @@ class OtherWritersTests(PerfTestCase):
         entries = read_map(nspid)
         self.assertEqual(entries[0].symbol, "py::neighbour:<other>")
         self.assertEqual([e.qualname for e in entries[1:]
-                          if e.filename == path], ["after"])
+                          if e.filename == path], ["later.<locals>.after"])
 
     def test_deleted_and_replaced(self):
         # A deleted map is gone for readers that look by name; the lines
@@ -433,20 +506,26 @@ class OtherWritersTests(PerfTestCase):
                         continue
                     if link.startswith(path):
                         return f"/proc/self/fd/{fd}", link
+            # Functions defined in functions are named on their first
+            # call (the module's first run names only what it defines).
+            def deleted():
+                def after_delete():
+                    return 1
+                after_delete()
+            def replaced():
+                def after_replace():
+                    return 2
+                after_replace()
             before = ours()
             os.unlink(path)
-            def after_delete():
-                return 1
-            after_delete()
+            deleted()
             with open(path, "w") as f:
                 f.write("3000 30 py::replacement:<other>\\n")
-            def after_replace():
-                return 2
-            after_replace()
+            replaced()
             fd_path, link = ours()
             print(link.endswith(" (deleted)"))
             with open(fd_path) as f:
-                print(f.read().count("py::after_"))
+                print(f.read().count("<locals>.after_"))
             with open(path) as f:
                 print(f.read(), end="")
             """, python_args=["-X", "perf"])

@@ -23,13 +23,16 @@ from test.test_perf_profiler.util import (
 
 # Runs outer -> middle -> inner until its stdin is closed, then makes one
 # more function, last_words(), and spends its last moments in it: its map
-# line is written after the last update() of a test.
+# line is written after the last update() of a test.  (Compiled only then:
+# the module's first run names the functions it defines.)
 TARGET = "import os, sys, threading\n\n" + CHAIN_SOURCE + """
+LAST_WORDS = '''
 def last_words():
     total = 0
     for _ in range(400):
         total += outer()
     return total
+'''
 
 done = threading.Event()
 threading.Thread(target=lambda: (sys.stdin.read(), done.set())).start()
@@ -37,6 +40,7 @@ outer()
 print(os.getpid(), flush=True)
 while not done.is_set():
     outer()
+exec(compile(LAST_WORDS, "<string>", "exec"))
 print(last_words(), flush=True)
 """
 # Mounted over /tmp in the target's mount namespace, "$0" "$@" exec'd.

@@ -304,18 +304,20 @@ class SwitchTests(PerfTestCase):
             import sys
             def before():
                 return 1
+            def later():
+                def after():            # first called while off
+                    return 2
+                after()
             before()
             print(sys.is_stack_trampoline_active())
             sys.deactivate_stack_trampoline()
             print(sys.is_stack_trampoline_active())
-            def after():
-                return 2
-            after()
+            later()
             """, python_args=["-X", "perf"])
         self.assertEqual(result.stdout, "True\nFalse\n")
         names = result.script_names()
         self.assertIn("before", names)
-        self.assertNotIn("after", names)
+        self.assertNotIn("later.<locals>.after", names)
 
     def test_sys_activate_under_xoption_zero(self):
         result = self.run_script("""\

@@ -10,24 +10,35 @@ from test.test_perf_profiler.util import (
 class ForkTests(PerfTestCase):
     """A forked child writes a map of its own."""
 
+    # The module's first run names what it defines, so the functions
+    # only one side makes (child_only, parent_after) are defined in
+    # functions: each is named on its first call, on that side.
     SCRIPT = """\
         import os, sys
         def before_fork():
             return 1
-        before_fork()
-        pid = os.fork()
-        if pid == 0:
+        def child():
             def child_only():
                 return 2
             child_only()
             before_fork()
             os._exit(0 if sys.is_stack_trampoline_active() else 3)
+        def parent():
+            def parent_after():
+                return 3
+            parent_after()
+        before_fork()
+        pid = os.fork()
+        if pid == 0:
+            child()
         _, status = os.waitpid(pid, 0)
-        def parent_after():
-            return 3
-        parent_after()
+        parent()
         print(pid, os.waitstatus_to_exitcode(status))
         """
+    # What the module's first run names.
+    DEFINED = ["<module>", "before_fork", "child", "parent"]
+    CHILD_ONLY = "child.<locals>.child_only"
+    PARENT_AFTER = "parent.<locals>.parent_after"
 
     def run_fork(self, python_args=("-X", "perf"), env=None):
         result = self.run_script(self.SCRIPT, python_args=python_args,
@@ -43,18 +54,17 @@ class ForkTests(PerfTestCase):
         child_entries = result.map_entries(child)
         # Everything the parent had at the fork, at the same addresses.
         fork_index = [e.qualname for e in parent_entries].index(
-            "parent_after")
+            self.PARENT_AFTER)
         inherited = parent_entries[:fork_index]
         self.assertGreater(len(inherited), 10)
         self.assertEqual(child_entries[:len(inherited)], inherited)
         child_script = result.script_names(child)
-        self.assertEqual(child_script, ["<module>", "before_fork",
-                                        "child_only"])
+        self.assertEqual(child_script, self.DEFINED + [self.CHILD_ONLY])
 
     def test_parent_map_lacks_child_entries(self):
         result, child = self.run_fork()
         self.assertEqual(result.script_names(),
-                         ["<module>", "before_fork", "parent_after"])
+                         self.DEFINED + [self.PARENT_AFTER])
 
     def test_child_of_sys_api_activation(self):
         result = self.run_script("""\
@@ -90,20 +100,20 @@ class ForkTests(PerfTestCase):
             with self.subTest(case=case):
                 result, child = self.run_fork(python_args, env)
                 self.assertEqual(result.stderr, "")
+                # child() names what it defines on its first call.
                 self.assertEqual(result.script_names(child),
-                                 ["child_only", "before_fork"])
+                                 ["child", self.CHILD_ONLY, "before_fork"])
                 child_entries = result.map_entries(child)
                 self.assertLess(len(child_entries), 30)
                 # (The parent's later trampolines may take the same
                 # addresses as the child's new ones.)
                 parent = result.map_entries()
                 names = [e.qualname for e in parent]
-                inherited = parent[:names.index("parent_after")]
+                inherited = parent[:names.index(self.PARENT_AFTER)]
                 self.assertFalse({e.start for e in inherited}
                                  & {e.start for e in child_entries})
                 self.assertEqual(result.script_names(),
-                                 ["<module>", "before_fork",
-                                  "parent_after"])
+                                 self.DEFINED + [self.PARENT_AFTER])
 
     def test_fork_copy_switch_values(self):
         # Only the value 0 turns copying off; a value that is not
@@ -171,11 +181,14 @@ class ForkTests(PerfTestCase):
 
     def test_subprocess_with_preexec_fn_writes_nothing(self):
         # The child execs right after preexec_fn: no copy of the parent's
-        # map, and no map at all for the child's pid.
+        # map, and no map at all for the child's pid.  set_flag() first
+        # runs there (the module's first run named hook()).
         result = self.run_script("""\
             import os, subprocess, sys
             def hook():
-                os.environ["HOOK_RAN"] = "1"
+                def set_flag():
+                    os.environ["HOOK_RAN"] = "1"
+                set_flag()
             out = subprocess.run(
                 [sys.executable, "-c",
                  "import os; print(os.getpid(), os.environ['HOOK_RAN'])"],
@@ -186,7 +199,7 @@ class ForkTests(PerfTestCase):
         self.files.add_pid(int(pid))
         self.assertEqual(ran, "1")
         self.assertFalse(result.wrote_map(int(pid)))
-        self.assertEqual(result.script_names(), ["<module>"])
+        self.assertEqual(result.script_names(), ["<module>", "hook"])
 
 
 class ThreadTests(PerfTestCase):
