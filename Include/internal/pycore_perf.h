@@ -265,7 +265,7 @@ typedef struct {
     /* New trampolines' entries, gathered here (not on the C stack: that
        can run near the bottom of a deep one) until they are written. */
     _PyPerf_Entry entries[_PyPerf_BATCH];
-    PyCodeObject *entry_code[_PyPerf_BATCH];    /* whose each one is */
+    PyCodeObject *entry_code[_PyPerf_BATCH];    /* each one's code object */
     size_t entry_count;
     size_t names_used;
     char names[_PyPerf_BATCH_NAMES];
