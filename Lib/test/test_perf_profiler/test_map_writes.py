@@ -332,13 +332,7 @@ class MapWriteTests(PerfTestCase):
         # What a function defines is named on its own first call, one
         # write each: a closure may first run long after its definer,
         # or never.
-        result = self.run_script("""\
-            import os
-            def writes():
-                with open("/proc/self/io", encoding="ascii") as f:
-                    for line in f:
-                        if line.startswith("syscw:"):
-                            return int(line.split()[1])
+        result = self.run_script(self.io_writes_script("""\
             def factory(n):
                 def made():
                     return n
@@ -349,7 +343,7 @@ class MapWriteTests(PerfTestCase):
             before = writes()
             factory(1)()
             print(named, writes() - before)
-            """, python_args=["-X", "perf"])
+            """), python_args=["-X", "perf"])
         self.assertEqual(result.stdout.split(), ["0", "1"])
         self.assertIn("factory.<locals>.made", result.script_names())
 
