@@ -107,7 +107,7 @@ def _gnu_hash(name):
 
 def loaded_symbol(read, base, name):
     """Address of the dynamic symbol `name` (bytes) in the shared object
-    loaded at `base`, found in memory through `read(address, size)`, or
+    or executable whose first page is loaded at `base`, found in memory through `read(address, size)`, or
     None.  For a tool without CAP_SYS_ADMIN, which may not open
     /proc/PID/map_files: the loaded image's program headers, dynamic
     section and GNU hash table, each read bounded, instead of the file's
@@ -123,6 +123,11 @@ def loaded_symbol(read, base, name):
     header = fetch(base, 64, "the ELF header")
     if header[:4] != b"\x7fELF" or header[4] != 2 or header[5] != 1:
         raise ELFError("not a 64-bit little-endian ELF image")
+    # A shared object's addresses are offsets from where it is loaded; an
+    # executable not linked position-independent is loaded at its own.
+    ET_EXEC = 2
+    e_type, = struct.unpack_from("<H", header, 16)
+    bias = 0 if e_type == ET_EXEC else base
     phoff, = struct.unpack_from("<Q", header, 32)
     phentsize, phnum = struct.unpack_from("<HH", header, 54)
     if phentsize != 56:
@@ -137,7 +142,7 @@ def loaded_symbol(read, base, name):
         return None
     dynamic = {}
     for tag, value in struct.iter_unpack(
-            "<qQ", fetch(base + p_vaddr, p_memsz - p_memsz % 16,
+            "<qQ", fetch(bias + p_vaddr, p_memsz - p_memsz % 16,
                          "the dynamic section")):
         if tag == 0:            # DT_NULL
             break
@@ -147,7 +152,7 @@ def loaded_symbol(read, base, name):
            for tag in (DT_STRTAB, DT_SYMTAB, DT_STRSZ, DT_GNU_HASH)):
         return None
     # The dynamic loader may have relocated the addresses in place.
-    strtab, symtab, gnu = (value + base if value < base else value
+    strtab, symtab, gnu = (value + bias if value < bias else value
                            for value in (dynamic[DT_STRTAB],
                                          dynamic[DT_SYMTAB],
                                          dynamic[DT_GNU_HASH]))
@@ -172,7 +177,7 @@ def loaded_symbol(read, base, name):
             if st_name + len(name) < strsz and shndx != 0 and value:
                 if fetch(strtab + st_name, len(name) + 1,
                          "a symbol name") == name + b"\0":
-                    return value + base
+                    return value + bias
         if chain & 1:
             return None
         index += 1
