@@ -35,8 +35,11 @@ RELEASE_NOFP_TREE := build/cpython-release-nofp
 # option for them), for make bench to tell what our patch costs in the
 # release build from what Debian's build gains over building from source.
 STOCK_RELEASE_TREE := build/cpython-stock-release
+# -fno-reorder-blocks-and-partition: what the training never ran stays in
+# its function (BUILDING.md says why).
 RELEASE_FLAGS ?= --enable-optimizations --with-lto \
-	PROFILE_TASK=$(CURDIR)/tools/pgo_task.py
+	PROFILE_TASK=$(CURDIR)/tools/pgo_task.py \
+	CFLAGS_NODIST=-fno-reorder-blocks-and-partition
 RELEASE_FRAME_POINTERS := --with-frame-pointers=python
 # Its executable is linked not position-independent, as Debian links its
 # python3.11.  The code stays position-independent: libpython3.11.a goes
