@@ -107,11 +107,11 @@ def _gnu_hash(name):
 
 def loaded_symbol(read, base, name):
     """Address of the dynamic symbol `name` (bytes) in the shared object
-    or executable whose first page is loaded at `base`, found in memory through `read(address, size)`, or
-    None.  For a tool without CAP_SYS_ADMIN, which may not open
-    /proc/PID/map_files: the loaded image's program headers, dynamic
-    section and GNU hash table, each read bounded, instead of the file's
-    section headers."""
+    or executable whose first page is loaded at `base`, found in memory
+    through `read(address, size)`, or None.  For a tool without
+    CAP_SYS_ADMIN, which may not open /proc/PID/map_files: the loaded
+    image's program headers, dynamic section and GNU hash table, each
+    read bounded, instead of the file's section headers."""
     def fetch(address, size, what):
         if size > ELF_MAX_TABLE:
             raise ELFError(f"{what} is too large")

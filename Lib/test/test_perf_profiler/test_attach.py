@@ -594,6 +594,12 @@ class ELFReaderTests(unittest.TestCase):
                 elf_file(path, data=bad)
                 self.assertMalformed(path, message)
 
+    def own_memory(self):
+        """read(address, size) of this process's memory."""
+        fd = os.open("/proc/self/mem", os.O_RDONLY)
+        self.addCleanup(os.close, fd)
+        return lambda address, size: os.pread(fd, size, address)
+
     def test_loaded_symbol(self):
         # This process's own image, read where it is loaded.
         import ctypes
@@ -608,12 +614,7 @@ class ELFReaderTests(unittest.TestCase):
                     path = fields[5].rstrip("\n")
                     break
         base = min(m[0] for m in mappings if m[2] == path)
-        fd = os.open("/proc/self/mem", os.O_RDONLY)
-        self.addCleanup(os.close, fd)
-
-        def read(address, size):
-            return os.pread(fd, size, address)
-
+        read = self.own_memory()
         self.assertEqual(_elf.loaded_symbol(
             read, base, b"_PyPerf_remote"), expected)
         self.assertIsNone(_elf.loaded_symbol(
@@ -625,6 +626,27 @@ class ELFReaderTests(unittest.TestCase):
                                     "not a 64-bit little-endian"):
             _elf.loaded_symbol(lambda a, n: bytes(n), base,
                                           b"x")
+
+    def test_loaded_symbol_of_the_executable(self):
+        # An executable linked not position-independent (ET_EXEC: the
+        # Debian and release builds) is loaded at its own addresses, a
+        # PIE (ET_DYN) at an offset: the file's reader says which.
+        name = b"_IO_stdin_used"    # glibc's, in every executable
+        exe = os.readlink("/proc/self/exe")
+        base = min(m[0] for m in _procfs._mappings(os.getpid())
+                   if m[2] == exe)
+        fd = os.open("/proc/self/exe", os.O_RDONLY)
+        try:
+            found = _elf.dynamic_symbol(fd, name)
+        finally:
+            os.close(fd)
+        if found is None:
+            self.skipTest(f"{exe} does not export {name.decode()}")
+        value, e_type = found
+        ET_DYN = 3
+        expected = value + base if e_type == ET_DYN else value
+        self.assertEqual(
+            _elf.loaded_symbol(self.own_memory(), base, name), expected)
 
     def test_reads_little(self):
         # A terabyte (a hole) is not read whole: only the headers, whose
