@@ -41,7 +41,7 @@ import struct
 import time
 
 from perf_trampoline._elf import (ELFError, RemoteError, dynamic_symbol,
-                                  loaded_symbol)
+                                  load_bias, loaded_symbol)
 from perf_trampoline._procfs import (_alive, _check_process, _gone,
                                      _mappings, _not_permitted, _open_image,
                                      _open_mem, _open_pidfd, _proc,
@@ -134,8 +134,7 @@ def _control_address(pid, mem):
             os.close(fd)
         if found is not None:
             value, e_type = found
-            ET_DYN = 3
-            return value + start if e_type == ET_DYN else value
+            return value + load_bias(e_type, start)
     if not exe_maps and not lib_maps:
         raise RemoteError(f"process {pid} runs {exe}, which it does not "
                           f"map: not a Python process")

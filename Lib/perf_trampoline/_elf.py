@@ -105,6 +105,15 @@ def _gnu_hash(name):
     return h
 
 
+def load_bias(e_type, base):
+    """What the addresses in an image of ELF file type `e_type` whose first
+    page is loaded at `base` are offset by: a shared object's or a PIE's
+    (ET_DYN) are offsets from where it is loaded, an executable not linked
+    position-independent (ET_EXEC) is loaded at its own."""
+    ET_DYN = 3
+    return base if e_type == ET_DYN else 0
+
+
 def loaded_symbol(read, base, name):
     """Address of the dynamic symbol `name` (bytes) in the shared object
     or executable whose first page is loaded at `base`, found in memory
@@ -123,11 +132,8 @@ def loaded_symbol(read, base, name):
     header = fetch(base, 64, "the ELF header")
     if header[:4] != b"\x7fELF" or header[4] != 2 or header[5] != 1:
         raise ELFError("not a 64-bit little-endian ELF image")
-    # A shared object's addresses are offsets from where it is loaded; an
-    # executable not linked position-independent is loaded at its own.
-    ET_EXEC = 2
     e_type, = struct.unpack_from("<H", header, 16)
-    bias = 0 if e_type == ET_EXEC else base
+    bias = load_bias(e_type, base)
     phoff, = struct.unpack_from("<Q", header, 32)
     phentsize, phnum = struct.unpack_from("<HH", header, 54)
     if phentsize != 56:
