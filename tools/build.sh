@@ -15,6 +15,7 @@ if [ -d "$dir/.git" ]; then
     stamp=$dir/.git/configure-args
 fi
 nproc=${BUILD_JOBS:-$(nproc 2>/dev/null || echo 2)}
+started=$SECONDS
 
 if [ ! -f "$dir/Makefile" ] || [ "$(cat "$stamp" 2>/dev/null)" != "$args" ]; then
     # Objects do not depend on the compiler flags, nor a PGO build's
@@ -57,4 +58,4 @@ make -C "$dir" -s -j"$nproc" >"$dir/build.log" 2>&1 || {
 # A cross build's interpreter does not run here (tools/build-aarch64.sh).
 version=$("$dir/python" -c 'import sys; print(sys.version.split()[0])' 2>/dev/null) ||
     version="built for $(sed -n 's/^MULTIARCH=[[:space:]]*//p' "$dir/Makefile")"
-echo "build: $version at $dir/python" >&2
+echo "build: $version at $dir/python ($((SECONDS - started)) s)" >&2

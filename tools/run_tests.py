@@ -35,6 +35,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 
 import tooling
 
@@ -76,6 +77,16 @@ REGRTESTS_UNDER_PERF = [
 ]
 
 
+# (part, seconds) in the order the parts ended, for the closing table.
+TIMES = []
+
+
+def timed(part, started):
+    seconds = time.monotonic() - started
+    TIMES.append((part, seconds))
+    return seconds
+
+
 def count_outcomes(cases):
     outcomes = [outcome for _, outcome in cases]
     return (outcomes.count("ok"), outcomes.count("failed"),
@@ -90,7 +101,8 @@ def known_differences():
     return KNOWN_DIFFERENCES
 
 
-def run_regrtests(tree, tests, extra_args, env_extra=None):
+def run_regrtests(tree, tests, extra_args, env_extra=None, part=None):
+    started = time.monotonic()
     with tempfile.TemporaryDirectory() as tmp:
         xml = os.path.join(tmp, "junit.xml")
         # -w: a failing test runs again, alone; its second outcome counts
@@ -115,6 +127,9 @@ def run_regrtests(tree, tests, extra_args, env_extra=None):
         print("run-tests: regrtest wrote no complete JUnit file: counting "
               "one failure", flush=True)
         failed = 1
+    seconds = timed(part or "regrtest", started)
+    print(f"run-tests: {part or 'regrtest'}: {passed} passed, {failed} "
+          f"failed, {skipped} skipped in {seconds:.0f} s", flush=True)
     return passed, failed, skipped
 
 
@@ -138,6 +153,7 @@ def run_unit_module(python, module, log_dir, qemu, env_extra=None,
         os.unlink(out)          # never read an earlier run's counts
     except FileNotFoundError:
         pass
+    started = time.monotonic()
     env = tooling.clean_environment(env_extra)
     if qemu:
         env["PERF_TESTS_QEMU"] = os.path.join(os.path.dirname(python),
@@ -149,6 +165,7 @@ def run_unit_module(python, module, log_dir, qemu, env_extra=None,
             [python, os.path.join(ROOT, "tools", "unit_counts.py"),
              *(["--without-host-tools"] if qemu else []), out, module],
             stdout=f, stderr=subprocess.STDOUT, cwd=log_dir, env=env)
+    outcomes_seconds = time.monotonic() - started
     try:
         with open(out, encoding="utf-8") as f:
             outcomes = json.load(f)
@@ -156,6 +173,7 @@ def run_unit_module(python, module, log_dir, qemu, env_extra=None,
         outcomes = {"passed": [], "skipped": [],
                     "failed": [[module, f"runner exited {proc.returncode} "
                                 f"without counts (log: {log})"]]}
+    outcomes["seconds"] = outcomes_seconds
     return label, outcomes, log, proc.returncode
 
 
@@ -198,7 +216,7 @@ def report_unit(label, outcomes, log, status):
     print(f"run-tests: {label}: {len(passed)} passed, "
           f"{len(failed)} failed, {len(skipped)} skipped"
           f"{f', {len(left_out)} left out' if left_out else ''} "
-          f"(log: {log})", flush=True)
+          f"in {outcomes.get('seconds', 0):.0f} s (log: {log})", flush=True)
     for test_id, why in skipped:
         print(f"run-tests:   skipped {test_id}: {why}")
     for test_id, why in failed:
@@ -253,12 +271,17 @@ def run_tree(tree, regrtest_args, ignored, tooling_tests):
           "CPython's, then CPython's again with PYTHONPERFSUPPORT=1 "
           f"(logs in {log_dir})", flush=True)
     units = our_modules(tree) + (["test_tooling"] if tooling_tests else [])
-    totals = [0, 0, 0]
-    for counts in (run_unit_tests(tree, units, log_dir),
-                   run_regrtests(tree, tests, regrtest_args),
+    name = os.path.basename(tree)
+    started = time.monotonic()
+    totals = run_unit_tests(tree, units, log_dir)
+    timed(f"{name}: our package"
+          f"{' and the tooling tests' if tooling_tests else ''}", started)
+    for counts in (run_regrtests(tree, tests, regrtest_args,
+                                 part=f"{name}: CPython's tests"),
                    run_regrtests(tree, under_perf,
                                  [*ignored, *regrtest_args],
-                                 {"PYTHONPERFSUPPORT": "1"})):
+                                 {"PYTHONPERFSUPPORT": "1"},
+                                 part=f"{name}: CPython's tests under perf")):
         totals = [a + b for a, b in zip(totals, counts)]
     print(f"run-tests: {tree}: {totals[0]} passed, {totals[1]} failed, "
           f"{totals[2]} skipped", flush=True)
@@ -272,7 +295,9 @@ def run_qemu_tree(tree):
     print(f"run-tests: {tree}: our tests under qemu-user, less those that "
           f"run host tools on the interpreter (logs in {log_dir})",
           flush=True)
+    started = time.monotonic()
     totals = run_unit_tests(tree, our_modules(tree), log_dir, qemu=True)
+    timed(f"{os.path.basename(tree)}: our package under qemu-user", started)
     print(f"run-tests: {tree} (qemu): {totals[0]} passed, {totals[1]} "
           f"failed, {totals[2]} skipped", flush=True)
     return totals
@@ -323,10 +348,15 @@ def main():
         counts = run_qemu_tree(os.path.abspath(tree))
         totals = [a + b for a, b in zip(totals, counts)]
     if options.ext:
+        started = time.monotonic()
         counts = run_ext_tests(trees[0] if trees else TREE)
+        timed("perftramp311 with each venv", started)
         totals = [a + b for a, b in zip(totals, counts)]
     removed = tooling.remove_new_profiler_files(before)
     print(f"run-tests: removed {removed} profiler files left in /tmp")
+    print("run-tests: time per part (the builds before: build: lines)")
+    for part, seconds in TIMES:
+        print(f"run-tests: {seconds / 60:6.1f} min  {part}")
     passed, failed, skipped = totals
     print(f"{passed} passed, {failed} failed, {skipped} skipped")
     return 1 if failed else 0

@@ -99,12 +99,15 @@ demo_status=$?
 demo_minutes=$(( (SECONDS - started) / 60 ))
 make_in_root test
 test_status=$?
+test_minutes=$(( (SECONDS - started) / 60 - demo_minutes ))
 set -e
 closing=$(grep -E '^[0-9]+ passed, [0-9]+ failed, [0-9]+ skipped$' "$WORK/test.log" |
           tail -1 || true)
 echo
 echo "test-fresh: make demo exited $demo_status ($demo_minutes min)"
-echo "test-fresh: make test exited $test_status"
+echo "test-fresh: make test exited $test_status ($test_minutes min); its parts:"
+grep -hE '^build: .* \([0-9]+ s\)$|^run-tests: +[0-9.]+ min' \
+    "$WORK/demo.log" "$WORK/test.log" || true
 echo "test-fresh: both took $(( (SECONDS - started) / 60 )) min in a clean Debian 12 root"
 if [ -z "$closing" ]; then
     echo "test-fresh: make test printed no closing line (log: $WORK/test.log)"
