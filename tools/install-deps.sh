@@ -116,13 +116,15 @@ install_missing() {
     export DEBIAN_FRONTEND=noninteractive
     local log changes
     log=$(mktemp)
-    local install=(apt-get install -y -qq --no-install-recommends --no-upgrade
-                   --no-remove "${missing[@]}")
+    # Another apt (a second make in another tree) waits its turn.
+    local wait=(-o DPkg::Lock::Timeout=600)
+    local install=(apt-get "${wait[@]}" install -y -qq --no-install-recommends
+                   --no-upgrade --no-remove "${missing[@]}")
     # Nothing is removed (--no-remove makes apt fail instead).  An installed
     # package is upgraded only where a new one needs its newer version (a
     # -dev package and its library, after a security update): apt's rule,
     # said out loud.
-    apt-get update -qq >"$log" 2>&1 || { cat "$log" >&2; rm -f "$log"; return 1; }
+    apt-get "${wait[@]}" update -qq >"$log" 2>&1 || { cat "$log" >&2; rm -f "$log"; return 1; }
     changes=$("${install[@]}" -s 2>&1 |
               awk '/^Inst [^ ]+ \[/ { print "    " $2 " " $3 " -> " $4 }') || true
     if [ -n "$changes" ]; then
