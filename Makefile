@@ -188,7 +188,8 @@ install-debian: deps-debian dist
 aarch64: deps-aarch64 build
 	@tools/build-aarch64.sh $(BASE_FLAGS) $(CONFIGURE_FLAGS)
 
-# make test runs every test with our build, then with the Debian build,
+# make test runs our tests with our build, then ours and CPython's with
+# the Debian build (our patch on what Debian ships; CPython's tests once),
 # then (on an x86_64 host) ours with the aarch64 build under qemu-user;
 # make test-debian and make test-aarch64 each one of those parts
 # (without the tooling tests).
@@ -201,8 +202,8 @@ endif
 # every function): the tests run on both kinds.
 test test-debian: RELEASE_FLAGS :=
 test: deps-test build nofp debian ext $(TEST_AARCH64)
-	@PERF_NOFP_PYTHON=$(NOFP_PYTHON) tools/run-tests.sh --tree $(TREE) \
-		--tree $(DEBIAN_TREE) $(TEST_QEMU) --ext
+	@PERF_NOFP_PYTHON=$(NOFP_PYTHON) tools/run-tests.sh \
+		--package-tree $(TREE) --tree $(DEBIAN_TREE) $(TEST_QEMU) --ext
 
 test-debian: deps-test nofp debian
 	@PERF_NOFP_PYTHON=$(NOFP_PYTHON) tools/run-tests.sh --no-tooling \

@@ -7,7 +7,15 @@ test: the aarch64 build); the counts of all trees add up in the closing
 line.  Under qemu, the tests that run host tools on the interpreter
 (perf, gdb, bpftrace: marked needs_host in test_perf_profiler/util.py)
 are left out: those tools cannot follow an emulated process.  The
-native runs hold them.
+native runs hold them.  So are the modules that test only Python code
+of the operators' tools (SAME_ON_EVERY_ARCH): they pass or fail alike
+on every architecture, and qemu runs each of their processes several
+times slower.
+
+CPython's own tests run on the trees given with --tree; a tree given
+with --package-tree runs only our package (make test: our build, whose
+code the Debian build shares; the Debian build, what the packages ship,
+runs CPython's tests too).
 
 Our own package (Lib/test/test_perf_profiler) and the tooling tests
 (tools/test_tooling.py) run through tools/unit_counts.py, which accounts
@@ -85,6 +93,14 @@ def timed(part, started):
     seconds = time.monotonic() - started
     TIMES.append((part, seconds))
     return seconds
+
+
+# Modules of our package that test the operators' tools alone (command
+# line, output directory, reports, container maps, import layers): no
+# code in them differs between architectures, so the run under qemu-user
+# leaves them out.
+SAME_ON_EVERY_ARCH = {"test_cli", "test_layers", "test_namespaces",
+                      "test_record", "test_reports"}
 
 
 def count_outcomes(cases):
@@ -256,19 +272,21 @@ def run_ext_tests(patched_tree):
     return totals
 
 
-def run_tree(tree, regrtest_args, ignored, tooling_tests):
-    """Our package (and the tooling tests), then the regression tests,
-    with the interpreter of `tree`, the second pass without the tests
-    `ignored` (regrtest's -i options); return the counts."""
+def run_tree(tree, regrtest_args, ignored, tooling_tests, regrtests=True):
+    """Our package (and the tooling tests), then (with `regrtests`) the
+    regression tests, with the interpreter of `tree`, the second pass
+    without the tests `ignored` (regrtest's -i options); return the
+    counts."""
     tests = [t for t in REGRTESTS
              if os.path.exists(os.path.join(tree, "Lib", "test", t))
              or os.path.exists(os.path.join(tree, "Lib", "test", t + ".py"))]
     under_perf = list(dict.fromkeys(REGRTESTS_UNDER_PERF))
     # One directory of logs per tree.
     log_dir = os.path.join(ROOT, "build", "test-logs", os.path.basename(tree))
+    then = (", then CPython's, then CPython's again with "
+            "PYTHONPERFSUPPORT=1" if regrtests else "")
     print(f"run-tests: {tree}: our tests"
-          f"{' and the tooling tests' if tooling_tests else ''}, then "
-          "CPython's, then CPython's again with PYTHONPERFSUPPORT=1 "
+          f"{' and the tooling tests' if tooling_tests else ''}{then} "
           f"(logs in {log_dir})", flush=True)
     units = our_modules(tree) + (["test_tooling"] if tooling_tests else [])
     name = os.path.basename(tree)
@@ -276,13 +294,15 @@ def run_tree(tree, regrtest_args, ignored, tooling_tests):
     totals = run_unit_tests(tree, units, log_dir)
     timed(f"{name}: our package"
           f"{' and the tooling tests' if tooling_tests else ''}", started)
-    for counts in (run_regrtests(tree, tests, regrtest_args,
-                                 part=f"{name}: CPython's tests"),
-                   run_regrtests(tree, under_perf,
-                                 [*ignored, *regrtest_args],
-                                 {"PYTHONPERFSUPPORT": "1"},
-                                 part=f"{name}: CPython's tests under perf")):
-        totals = [a + b for a, b in zip(totals, counts)]
+    if regrtests:
+        for counts in (run_regrtests(tree, tests, regrtest_args,
+                                     part=f"{name}: CPython's tests"),
+                       run_regrtests(tree, under_perf,
+                                     [*ignored, *regrtest_args],
+                                     {"PYTHONPERFSUPPORT": "1"},
+                                     part=f"{name}: CPython's tests "
+                                     "under perf")):
+            totals = [a + b for a, b in zip(totals, counts)]
     print(f"run-tests: {tree}: {totals[0]} passed, {totals[1]} failed, "
           f"{totals[2]} skipped", flush=True)
     return totals
@@ -295,8 +315,12 @@ def run_qemu_tree(tree):
     print(f"run-tests: {tree}: our tests under qemu-user, less those that "
           f"run host tools on the interpreter (logs in {log_dir})",
           flush=True)
+    modules = [m for m in our_modules(tree)
+               if m.rsplit(".", 1)[-1] not in SAME_ON_EVERY_ARCH]
+    print("run-tests: left out under qemu-user, as they test no code that "
+          "differs between architectures:", *sorted(SAME_ON_EVERY_ARCH))
     started = time.monotonic()
-    totals = run_unit_tests(tree, our_modules(tree), log_dir, qemu=True)
+    totals = run_unit_tests(tree, modules, log_dir, qemu=True)
     timed(f"{os.path.basename(tree)}: our package under qemu-user", started)
     print(f"run-tests: {tree} (qemu): {totals[0]} passed, {totals[1]} "
           f"failed, {totals[2]} skipped", flush=True)
@@ -311,6 +335,9 @@ def main():
         "of each --qemu tree; other arguments go to regrtest.")
     parser.add_argument("--tree", action="append", default=[],
                         help="a built tree to test")
+    parser.add_argument("--package-tree", action="append", default=[],
+                        metavar="TREE", help="a built tree to run our "
+                        "package with, not CPython's tests")
     parser.add_argument("--qemu", action="append", default=[],
                         metavar="TREE", help="a tree built by "
                         "tools/build-aarch64.sh, to test under qemu-user")
@@ -321,7 +348,8 @@ def main():
                         help="also test perftramp311 with every venv of "
                         "build/ext (make ext)")
     options, regrtest_args = parser.parse_known_args()
-    trees = [os.path.abspath(t) for t in options.tree]
+    package_trees = [os.path.abspath(t) for t in options.package_tree]
+    trees = package_trees + [os.path.abspath(t) for t in options.tree]
     if not trees and not options.qemu:
         trees = [TREE]
     # The tests about KeyboardInterrupt need SIGINT's usual action even
@@ -342,7 +370,8 @@ def main():
     totals = [0, 0, 0]
     for i, tree in enumerate(trees):
         counts = run_tree(tree, regrtest_args, ignored,
-                          tooling_tests=i == 0 and not options.no_tooling)
+                          tooling_tests=i == 0 and not options.no_tooling,
+                          regrtests=tree not in package_trees)
         totals = [a + b for a, b in zip(totals, counts)]
     for tree in options.qemu:
         counts = run_qemu_tree(os.path.abspath(tree))
