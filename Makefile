@@ -77,7 +77,7 @@ AARCH64_TREE := build/cpython-aarch64
 all: build
 
 help:
-	@echo "make            build $(PYTHON) (fetches and assembles the tree if needed)"
+	@echo "make, make build   build $(PYTHON) (fetches and assembles the tree if needed)"
 	@echo "make test       build, then run the tests; ends with 'N passed, N failed, N skipped'"
 	@echo "make test-fresh make demo and make test in a clean Debian 12 root (debootstrap)"
 	@echo "make demo       profile examples/demo.py under perf and show Python frames"
@@ -89,6 +89,7 @@ help:
 	@echo "make release    build $(RELEASE_TREE): PGO + LTO, trained with -X perf too"
 	@echo "make release-nofp  the same without frame pointers (for make bench)"
 	@echo "make stock-release pristine 3.11.2 built alike, no frame pointers (for make bench)"
+	@echo "make nofp       build $(NOFP_TREE): no frame pointers, shared libpython (perf_jit)"
 	@echo "make dist       write $(DIST_PATCH) (patch -p1 on pristine 3.11.2)"
 	@echo "make install    build for PREFIX ($(PREFIX)) and install python3.11 there, as altinstall does"
 	@echo "make debian     build $(DEBIAN_TREE): Debian 12's python3.11 source and patches + ours"
@@ -100,10 +101,16 @@ help:
 	@echo "make test-deb   install build/deb/*.deb over Debian's in a clean Debian 12 root, check, go back"
 	@echo "make aarch64    cross-build $(AARCH64_TREE) for arm64 (runs under qemu-user)"
 	@echo "make test-aarch64   our tests with the arm64 build under qemu-user"
+	@echo "make test-regrtest-perf  CPython's whole suite with and without PYTHONPERFSUPPORT=1"
+	@echo "make test-asan  our tests on an ASan/UBSan build, build/cpython-asan"
+	@echo "make test-valgrind  valgrind memcheck of a -X perf workload (needs valgrind)"
 	@echo "make ext        perftramp311 (ext/) for stock 3.11: venvs and wheels in build/ext/"
 	@echo "make ext-stage  copy the shared C sources into ext/shared/ (a standalone ext/)"
 	@echo "make deps       install the missing Debian packages building and using it need (as root)"
 	@echo "make deps-test  ... and those the tests need (the test targets run it)"
+	@echo "make deps-jit   ... and perf 6.12 in build/perf/, for perf inject --jit (perf >= 6.8)"
+	@echo "make deps-debian   ... and what make debian needs"
+	@echo "make deps-aarch64  ... and what make aarch64 needs (a sysroot in build/sysroot-aarch64/)"
 	@echo "make clean      remove build/"
 
 # Building, make demo, make install: the build dependencies, perf and

@@ -20,7 +20,7 @@
 # (dpkg-buildflags as debian/rules asks for them), and the extension
 # modules of python3.11-minimal linked into libpython as Debian links
 # them.  What differs (the prefix, frame pointers, LTO and PGO) is said in
-# the README.  The interpreter finds its own libpython through its rpath,
+# BUILDING.md.  The interpreter finds its own libpython through its rpath,
 # in this tree and installed under PREFIX alike: never Debian's
 # libpython3.11.so.1.0 in /usr/lib.
 set -euo pipefail

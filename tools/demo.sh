@@ -18,7 +18,7 @@ echo "demo: perf record -e cpu-clock -F 999 -g -- $PYTHON -X perf examples/demo.
 if ! "$PERF" record -q -e cpu-clock -F 999 -g -o "$DATA" -- \
         "$PYTHON" -X perf "$ROOT/examples/demo.py" 2>"$OUT/record.log"; then
     cat "$OUT/record.log" >&2
-    echo "demo: perf record failed; as non-root, try: sudo sysctl kernel.perf_event_paranoid=1" >&2
+    echo "demo: perf record failed; as non-root, perf needs kernel.perf_event_paranoid at 2 or lower (sudo sysctl kernel.perf_event_paranoid=2)" >&2
     exit 1
 fi
 

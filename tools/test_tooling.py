@@ -864,6 +864,59 @@ class FiguresTests(unittest.TestCase):
                          ["README.md", "bench/README.md"])
 
 
+class HelpTests(unittest.TestCase):
+    """`make help` lists every target of the Makefile, and the documents
+    name no target it does not have."""
+
+    DOCUMENTS = ["README.md", "BUILDING.md", "TESTING.md", "DESIGN.md",
+                 "bench/README.md", "Doc/howto/perf_profiling.rst",
+                 "Doc/c-api/perfmaps.rst"]
+    # Targets of CPython's own Makefile, which the documents name as such.
+    CPYTHON_TARGETS = {"altinstall", "smelly"}
+    # `make` alone runs `all`; `help` prints the list.
+    UNLISTED = {"all", "help"}
+
+    def phony_targets(self):
+        with open(os.path.join(ROOT, "Makefile")) as f:
+            return {target for line in f if line.startswith(".PHONY:")
+                    for target in line.split(":", 1)[1].split()}
+
+    def help_targets(self):
+        # Run as a user would, not as a sub-make of a make test.
+        env = {name: value for name, value in os.environ.items()
+               if name not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
+        proc = subprocess.run(["make", "-s", "-C", ROOT, "help"],
+                              capture_output=True, text=True, env=env)
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        # "make X   what it does" or "make, make X   ...".
+        return {match.group(1) for line in proc.stdout.splitlines()
+                for match in [re.match(r"make(?:, make)? ([a-z][\w.-]*)",
+                                       line)] if match}
+
+    def test_help_lists_every_target(self):
+        phony = self.phony_targets()
+        self.assertIn("deps-jit", phony)
+        self.assertEqual(sorted(phony - self.UNLISTED - self.help_targets()),
+                         [])
+
+    def test_help_lists_only_targets(self):
+        self.assertEqual(sorted(self.help_targets() - self.phony_targets()),
+                         [])
+
+    def test_documents_name_targets_help_lists(self):
+        listed = self.help_targets() | self.UNLISTED
+        named = {}
+        for document in self.DOCUMENTS:
+            with open(os.path.join(ROOT, document), encoding="utf-8") as f:
+                for match in re.finditer(r"(?<![\w-])make\s+([a-z][\w.-]*)",
+                                         f.read()):
+                    named.setdefault(match.group(1), document)
+        self.assertIn("deps-jit", named)
+        self.assertEqual({target: document for target, document
+                          in named.items() if target not in listed
+                          and target not in self.CPYTHON_TARGETS}, {})
+
+
 class JUnitTests(unittest.TestCase):
     """Regrtest's JUnit file: a case run again (-w) counts once, with the
     outcome of its last run, and one that failed first is named."""

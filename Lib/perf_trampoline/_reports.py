@@ -10,8 +10,8 @@ flamegraph.html
     (tools/fetch-flamegraph.sh fetches it from the package's npm release
     and checks it).
 flamegraph-python.html
-    The same samples with the interpreter's frames between two Python
-    functions folded away (fold_python()), drawn with the same template.
+    The same samples with the evaluator's frames folded away
+    (fold_python()), drawn with the same template.
 stacks.folded, stacks-python.folded
     Both views as collapsed stacks ("frame;frame;frame count", the root
     first), for flamegraph.pl, inferno or speedscope.
@@ -28,18 +28,22 @@ template writes names as text only (SVG <title>, labels, details line).
 The stacks of both views come from `perf script -F comm,pid,tid,ip,
 sym,dso`.  A Python function is a py:: frame: its trampoline, which perf
 names from the interpreter's perf map (or, after perf inject --jit, from
-the jitdump).  Between two Python functions the stack holds the caller's
-evaluator and the C glue of the call (_PyEval_EvalFrameDefault,
-_PyEval_Vector, _PyFunction_Vectorcall, PyObject_Vectorcall,
-method_vectorcall, slot_tp_call, ...): those frames are dropped when they
-belong to the interpreter, which is every image in which perf found
+the jitdump).  A call run inline in its caller's evaluator puts nothing
+between the two Python functions; one that entered the evaluator again
+(from C, say) leaves the caller's evaluator and the C glue of the call
+there (_PyEval_EvalFrameDefault, _PyEval_Vector, _PyFunction_Vectorcall,
+PyObject_Vectorcall, method_vectorcall, slot_tp_call, ...): those frames
+are dropped when they belong to the interpreter, which is every image in which perf found
 _PyEval_EvalFrameDefault (the executable, or libpython of a shared
 build).  Frames of other images between two Python functions stay: an
 extension module or a library calling back into Python is part of the
-program's call tree.  The frames above the innermost Python function
-(its evaluator and the C functions it runs) and below the outermost one
-(the interpreter's start-up, a thread's bootstrap) stay too, so the graph
-reads as the program's call tree with its C leaves.
+program's call tree.  Above the innermost Python function, its
+evaluator's frame is dropped: a sample there is that function running
+its own bytecode.  The C functions it calls stay, and so do the frames
+below the outermost Python function (the interpreter's start-up, a
+thread's bootstrap), so the graph reads as the program's call tree with
+its C leaves.  The full view keeps every frame: where the interpreter
+itself spends the time, and how each call was made.
 """
 
 import json
@@ -93,12 +97,16 @@ def interpreter_images(stacks):
 
 def fold_python(stack, interpreter):
     """`stack` ((name, image) pairs, root first) without the frames of
-    the images in `interpreter` that lie between two Python frames."""
+    the images in `interpreter` that lie between two Python frames, nor
+    the evaluator frame of the innermost Python frame."""
     python = [i for i, (name, _) in enumerate(stack)
               if is_python_frame(name)]
-    if len(python) < 2:
+    if not python:
         return tuple(stack)
     first, last = python[0], python[-1]
+    leaf = stack[last + 1:last + 2]
+    if leaf and leaf[0][0] == EVALUATOR and leaf[0][1] in interpreter:
+        stack = stack[:last + 1] + stack[last + 2:]
     return tuple(frame for i, frame in enumerate(stack)
                  if i <= first or i >= last or is_python_frame(frame[0])
                  or frame[1] not in interpreter)
@@ -386,7 +394,8 @@ def _write_reports(perf, out):
                     out.join("flamegraph.html")))
     _write_flame_graph(out, "flamegraph-python.html", template, python,
                        "Python view: the interpreter's frames between "
-                       "two Python functions (py::) are folded away.\n\n"
+                       "two Python functions (py::), and the evaluator "
+                       "above the innermost one, are folded away.\n\n"
                        + header)
     description = "Flame graph, Python view (evaluator frames folded)"
     if not has_python:

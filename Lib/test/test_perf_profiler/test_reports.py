@@ -77,7 +77,7 @@ class FoldTests(unittest.TestCase):
                       "py::Handler.__call__:a.py", EVAL, "builtin_round",
                       "_Py_dg_dtoa"),
             ["Py_BytesMain", "PyEval_EvalCode", "py::main:a.py",
-             "py::serve:a.py", "py::Handler.__call__:a.py", EVAL,
+             "py::serve:a.py", "py::Handler.__call__:a.py",
              "builtin_round", "_Py_dg_dtoa"])
 
     def test_other_images_between_python_frames_stay(self):
@@ -87,7 +87,7 @@ class FoldTests(unittest.TestCase):
                       "PyObject_Call", "py::hook:a.py", EVAL,
                       f"qsort@{LIBC}", "py::key:a.py", EVAL),
             ["py::load:a.py", "scanner_call", "py::hook:a.py", "qsort",
-             "py::key:a.py", EVAL])
+             "py::key:a.py"])
 
     def test_libpython_of_a_shared_build(self):
         libpython = "/opt/python/lib/libpython3.11.so.1.0"
@@ -97,8 +97,8 @@ class FoldTests(unittest.TestCase):
         interpreter = _reports.interpreter_images([stack])
         self.assertEqual(interpreter, {libpython})
         self.assertEqual(names(_reports.fold_python(stack, interpreter)),
-                         ["main", "Py_BytesMain", "py::f:a.py", "py::g:a.py",
-                          EVAL])
+                         ["main", "Py_BytesMain", "py::f:a.py",
+                          "py::g:a.py"])
 
     def test_unknown_frames(self):
         # In the interpreter's image: glue; in no image: kept.
@@ -107,14 +107,29 @@ class FoldTests(unittest.TestCase):
                       "py::g:a.py"),
             ["py::f:a.py", "[unknown]", "py::g:a.py"])
 
-    def test_fewer_than_two_python_frames(self):
+    def test_innermost_evaluator_is_folded(self):
+        # A sample in the evaluator is the function's own bytecode; the
+        # C functions it calls stay.
+        self.assertEqual(
+            self.fold("Py_BytesMain", "py::f:a.py", EVAL, "PyObject_Call",
+                      EVAL),
+            ["Py_BytesMain", "py::f:a.py", "PyObject_Call", EVAL])
+        self.assertEqual(self.fold("py::f:a.py", EVAL), ["py::f:a.py"])
+        # Only the evaluator right above it, only the interpreter's.
+        for stack in [("py::f:a.py", "builtin_round", EVAL),
+                      ("py::f:a.py", f"{EVAL}@{LIBC}")]:
+            with self.subTest(stack=stack):
+                self.assertEqual(self.fold(*stack),
+                                 [name.partition("@")[0] for name in stack])
+
+    def test_no_python_frames(self):
         for stack in [(), ("main", "Py_BytesMain"),
-                      ("Py_BytesMain", "py::f:a.py", EVAL, "PyObject_Call")]:
+                      ("Py_BytesMain", EVAL, "PyObject_Call")]:
             with self.subTest(stack=stack):
                 self.assertEqual(self.fold(*stack), list(stack))
 
     def test_no_interpreter_found(self):
-        stack = ("py::f:a.py", EVAL, "py::g:a.py")
+        stack = ("py::f:a.py", EVAL, "py::g:a.py", EVAL)
         self.assertEqual(self.fold(*stack, interpreter=()), list(stack))
 
 
@@ -452,6 +467,13 @@ class RecordingReportTests(DrawingTestCase):
                 else:
                     self.assertNotIn(adjacent, full)
                 self.assertIn(self.frame("handle_request"), full)
+                # The evaluator running a Python function: kept in the
+                # full view, that function's own time in the Python view.
+                evaluator = re.compile(r"py::[^;]*;" + _reports.EVALUATOR
+                                       + r"[; ]")
+                self.assertIsNotNone(evaluator.search(full))
+                kept = evaluator.search(python)
+                self.assertIsNone(kept, kept and kept.group())
 
     def test_firefox_profiler(self):
         for perf in self.perfs:
