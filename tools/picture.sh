@@ -23,7 +23,7 @@ chmod 700 "$OUT"
 say "recording examples/demo.py"
 cd "$ROOT"    # so that the names read examples/demo.py
 "$PYTHON" -I -m perf_trampoline record -o "$OUT/record" -- \
-    "$PYTHON" examples/demo.py >"$OUT/record.txt"
+    "$PYTHON" examples/demo.py >"$OUT/record.txt" 2>&1
 page=$OUT/record/flamegraph-python.html
 [ -s "$page" ] || { say "record wrote no $page (log: $OUT/record.txt)"; exit 1; }
 

@@ -3,8 +3,9 @@
 End to end with real perf: a command and a running process, with frame
 pointers and with --jit (perf >= 6.8, PERF as in test_jit; the command
 runs under PERF_NOFP_PYTHON when set); the Python call chain must be in
-perf.data.  Bad input must give one line on stderr and exit status 2, and
-leave the named process alone.
+perf.data.  The command's stdout and stderr are its own: record's lines
+follow on stderr.  Bad input must give one line on stderr and exit
+status 2, and leave the named process alone.
 """
 
 import glob
@@ -60,6 +61,30 @@ COMMAND = """\
     """
 
 CHAIN = ["leaf", "mid", "top"]
+
+# What a command writes whose output is data: every byte value, no newline
+# at the end.  record adds nothing to its stdout, and to its stderr only
+# after it.
+STDOUT_BYTES = bytes(range(256)) * 2 + b"\r\n\x00end"
+STDERR_BYTES = b"\xff\xfe not text\nno newline"
+# Writes them in two parts around calls of spin(), then exits 3.
+BYTES_COMMAND = f"""\
+    import os, sys
+
+    def spin(n):
+        total = 0
+        for i in range(n):
+            total += i
+        return total
+
+    os.write(1, {STDOUT_BYTES[:300]!r})
+    os.write(2, {STDERR_BYTES[:10]!r})
+    for _ in range(100):
+        spin(20000)
+    os.write(1, {STDOUT_BYTES[300:]!r})
+    os.write(2, {STDERR_BYTES[10:]!r})
+    sys.exit(3)
+    """
 
 NOBODY = 65534
 DEFAULT_NAME = "perf-record-%Y%m%d-%H%M%S"
@@ -140,13 +165,13 @@ class RecordTestCase(PerfTestCase):
                                                            "debug"))
         self.addCleanup(self.remove_jitted)
 
-    def tool(self, *args, timeout=TIMEOUT, cwd=None, **kwargs):
+    def tool(self, *args, timeout=TIMEOUT, cwd=None, text=True, **kwargs):
         """python -I -m perf_trampoline record ARGS, CompletedProcess;
         run in `cwd` (default self.tmpdir)."""
         return subprocess.run(
             [sys.executable, "-I", "-m", "perf_trampoline", "record",
              *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            text=True, env=self.env, cwd=cwd or self.tmpdir,
+            text=text, env=self.env, cwd=cwd or self.tmpdir,
             timeout=timeout, **kwargs)
 
     def command(self, status=0, rounds=100, forever=False):
@@ -178,10 +203,10 @@ class RecordTestCase(PerfTestCase):
         self.assertEqual(out, "bad 0\n")
 
     def assertRecorded(self, result, name="command.py", chain=CHAIN):
-        """The paths record printed, perf.data first, and `chain` in it:
-        Python frames of the script `name`, innermost first.  Returns the
-        chains of the samples."""
-        lines = result.stdout.splitlines()
+        """The paths record printed on stderr, perf.data first, and
+        `chain` in it: Python frames of the script `name`, innermost
+        first.  Returns the chains of the samples."""
+        lines = result.stderr.splitlines()
         data = os.path.join(self.out, "perf.data")
         self.assertIn(data, lines, result.stderr)
         # The command's output comes first, then the paths.
@@ -202,6 +227,24 @@ class RecordTestCase(PerfTestCase):
         chains = [s.python_frames(path) for s in samples]
         self.assertIn(chain, [c[:len(chain)] for c in chains])
         return chains
+
+    def check_output_is_the_commands(self, *options):
+        """record's stdout is the command's bytes alone, its stderr the
+        command's and then record's lines, the paths last; its exit status
+        the command's."""
+        path = write_script(self.tmpdir, BYTES_COMMAND, "bytes.py")
+        result = self.tool(*options, "-o", self.out, "--", self.python,
+                           path, text=False)
+        err = result.stderr.decode(errors="backslashreplace")
+        self.assertEqual(result.returncode, 3, err)
+        self.assertEqual(result.stdout, STDOUT_BYTES)
+        self.assertEqual(result.stderr[:len(STDERR_BYTES)], STDERR_BYTES,
+                         err)
+        ours = result.stderr[len(STDERR_BYTES):].decode()
+        self.assertTrue(ours.startswith("perf_trampoline: the command "
+                                        "exited with status 3\n"), ours)
+        self.assertRecorded(subprocess.CompletedProcess(
+            result.args, result.returncode, "", ours), "bytes.py", ["spin"])
 
     def remove_jitted(self):
         for pid in self.files.pids:
@@ -227,6 +270,9 @@ class RecordTests(RecordTestCase):
         # A report this perf cannot write is said in --help, not here.
         self.assertNotIn("not written", result.stderr)
 
+    def test_command_output_is_its_own(self):
+        self.check_output_is_the_commands()
+
     def test_command_has_no_descriptor_of_the_directory(self):
         # perf has one to write through; the command it runs has not.
         script = write_script(self.tmpdir, """\
@@ -239,9 +285,9 @@ class RecordTests(RecordTestCase):
             """, "fds.py")
         result = self.tool("-o", self.out, "--", sys.executable, script)
         self.assertEqual(result.returncode, 0, result.stderr)
-        lines = result.stdout.splitlines()
-        self.assertIn(os.path.join(self.out, "perf.data"), lines)
-        self.assertNotIn(self.out, lines)
+        self.assertIn(os.path.join(self.out, "perf.data"),
+                      result.stderr.splitlines())
+        self.assertNotIn(self.out, result.stdout.splitlines())
 
     def test_command_fails(self):
         result = self.tool("-o", self.out, "--", *self.command(status=3))
@@ -300,6 +346,7 @@ class RecordTests(RecordTestCase):
         result = self.tool("-p", str(pid), "--seconds", "1", "-o", self.out,
                            *args)
         self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertEqual(result.stdout, "")
         return self.assertRecorded(result, "target.py", INNER_CHAIN)
 
     def test_process(self):
@@ -696,6 +743,9 @@ class RecordJitTests(RecordTestCase):
         # The output is the injected data; the recording is gone.
         self.assertFalse(os.path.exists(os.path.join(self.out,
                                                      "perf.raw.data")))
+
+    def test_command_output_is_its_own(self):
+        self.check_output_is_the_commands("--jit", "--perf", self.perf)
 
     def test_process(self):
         import perf_trampoline
