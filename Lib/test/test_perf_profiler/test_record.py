@@ -5,13 +5,18 @@ pointers and with --jit (perf >= 6.8, PERF as in test_jit; the command
 runs under PERF_NOFP_PYTHON when set); the Python call chain must be in
 perf.data.  The command's stdout and stderr are its own: record's lines
 follow on stderr.  Bad input must give one line on stderr and exit
-status 2, and leave the named process alone.
+status 2, and leave the named process alone; so must an output directory
+that another user could write in, by its mode, its group or an ACL.
 """
 
+import errno
 import glob
+import grp
 import os
 import pty
+import pwd
 import signal
+import struct
 import subprocess
 import sys
 import sysconfig
@@ -87,6 +92,8 @@ BYTES_COMMAND = f"""\
     """
 
 NOBODY = 65534
+# A user and a group no database names: an ACL entry takes any id.
+STRANGER = 12345
 DEFAULT_NAME = "perf-record-%Y%m%d-%H%M%S"
 
 # Runs as pid 1 of a PID namespace of its own, where nothing else takes
@@ -461,9 +468,14 @@ class RecordErrorTests(RecordTestCase):
         self.fake_perf = self.make_perf("6.12.0")
 
     def make_perf(self, version):
+        """A perf that says it is `version` and notes in self.perf_ran
+        that it was asked to record."""
+        self.perf_ran = os.path.join(self.tmpdir, "perf-ran")
         path = os.path.join(self.tmpdir, f"perf-{version}")
         with open(path, "w") as f:
-            f.write(f"#!/bin/sh\necho 'perf version {version}'\n")
+            f.write(f"#!/bin/sh\n"
+                    f"[ \"$1\" = record ] && echo \"$@\" >> {self.perf_ran}\n"
+                    f"echo 'perf version {version}'\n")
         os.chmod(path, 0o755)
         return path
 
@@ -571,6 +583,98 @@ class RecordErrorTests(RecordTestCase):
                 assert_refused(self, result, f"{theirs} belongs to another "
                                              f"user (uid 65534)")
                 self.assertEqual(os.listdir(theirs), [])
+
+    def assertDirectoryRefused(self, out, message):
+        """record -o `out` refused for `message`, perf not run."""
+        assert_refused(self, self.tool("--perf", self.fake_perf, "-o", out,
+                                       "--", "true"), message)
+        self.assertFalse(os.path.exists(self.perf_ran))
+
+    def assertDirectoryTaken(self, out):
+        """record -o `out` ran perf (the fake one, which records
+        nothing: record fails then)."""
+        result = self.tool("--perf", self.fake_perf, "-o", out, "--", "true")
+        self.assertIn("perf record failed", result.stderr)
+        self.assertTrue(os.path.exists(self.perf_ran))
+        os.unlink(self.perf_ran)
+
+    def set_acl(self, path, entries, default=False):
+        """Give `path` the ACL `entries` ((tag, permissions, id)) in the
+        kernel's format, as setfacl would."""
+        # The kernel takes the entries in the order of their tags.
+        data = struct.pack("<I", 2) + b"".join(
+            struct.pack("<HHI", *entry)
+            for entry in sorted(entries, key=lambda entry: entry[0]))
+        name = "system.posix_acl_" + ("default" if default else "access")
+        try:
+            os.setxattr(path, name, data)
+        except OSError as exc:
+            if exc.errno == errno.ENOTSUP:
+                self.skipTest(f"the file system of {path} keeps no ACLs")
+            raise
+
+    def test_output_directory_acl_lets_another_user_write(self):
+        # drwxrwx---+ whose ACL lets another user write: they could plant
+        # perf.data -> /root/victim for root's perf to create.
+        shared = os.path.join(self.tmpdir, "shared")
+        os.mkdir(shared, 0o700)
+        uid = os.geteuid()
+        for entries, message in (
+                ([(ACL_USER, 7, STRANGER)],
+                 f"user {STRANGER} may write in {shared} (its ACL)"),
+                ([(ACL_GROUP, 3, STRANGER)],
+                 f"group {STRANGER} may write in {shared} (its ACL)"),
+                ([(ACL_USER, 6, uid), (ACL_USER, 3, STRANGER)],
+                 f"user {STRANGER} may write"),
+                # (An ACL the mode can say is kept as the mode.)
+                ([], f"others may write in {shared}")):
+            other = 7 if not entries else 0
+            with self.subTest(entries=entries):
+                self.set_acl(shared, [(ACL_USER_OBJ, 7, 0), *entries,
+                                      (ACL_GROUP_OBJ, 5, 0),
+                                      *[(ACL_MASK, 7, 0)] * bool(entries),
+                                      (ACL_OTHER, other, 0)])
+                for out in (shared, os.path.join(shared, "out")):
+                    self.assertDirectoryRefused(out, message)
+                    self.assertEqual(os.listdir(shared), [])
+        # The mask limits the named entries: none may write.
+        self.set_acl(shared, [(ACL_USER_OBJ, 7, 0), (ACL_USER, 7, STRANGER),
+                              (ACL_GROUP, 7, STRANGER),
+                              (ACL_GROUP_OBJ, 5, 0), (ACL_MASK, 5, 0),
+                              (ACL_OTHER, 0, 0)])
+        self.assertDirectoryTaken(shared)
+
+    def test_output_directory_default_acl_lets_another_user_write(self):
+        # What perf and its scripts make in it would be theirs to change.
+        out = os.path.join(self.tmpdir, "out")
+        os.mkdir(out, 0o700)
+        self.set_acl(out, [(ACL_USER_OBJ, 7, 0), (ACL_USER, 7, STRANGER),
+                           (ACL_GROUP_OBJ, 5, 0), (ACL_MASK, 7, 0),
+                           (ACL_OTHER, 0, 0)], default=True)
+        self.assertDirectoryRefused(out, f"user {STRANGER} may write in "
+                                         f"what is made in {out} (its "
+                                         f"default ACL)")
+        # One that lets only us and the owner write is fine.
+        self.set_acl(out, [(ACL_USER_OBJ, 7, 0),
+                           (ACL_USER, 7, os.geteuid()),
+                           (ACL_GROUP_OBJ, 5, 0), (ACL_MASK, 7, 0),
+                           (ACL_OTHER, 5, 0)], default=True)
+        self.assertDirectoryTaken(out)
+
+    @unittest.skipUnless(os.geteuid() == 0, "needs root (chown)")
+    def test_output_directory_group_may_write(self):
+        # A group no database names: who is in it is unknown.
+        shared = os.path.join(self.tmpdir, "shared")
+        os.mkdir(shared)
+        os.chown(shared, 0, STRANGER)
+        os.chmod(shared, 0o770)
+        for out in (shared, os.path.join(shared, "out")):
+            with self.subTest(out=out):
+                self.assertDirectoryRefused(out, f"group {STRANGER} may "
+                                                 f"write in {shared}")
+                self.assertEqual(os.listdir(shared), [])
+        os.chmod(shared, 0o750)
+        self.assertDirectoryTaken(shared)
 
     def sticky_dir(self):
         """A directory like /tmp (root's, sticky, writable by all) in
@@ -690,6 +794,67 @@ class RecordErrorTests(RecordTestCase):
         self.assertIn("holds a perf.data already", result.stderr)
         self.assertIn("--force", result.stderr)
         self.assertEqual(os.listdir(self.out), ["perf.data"])
+
+
+ACL_USER_OBJ, ACL_USER, ACL_GROUP_OBJ, ACL_GROUP, ACL_MASK, ACL_OTHER = (
+    0x01, 0x02, 0x04, 0x08, 0x10, 0x20)
+
+
+class PrivateGroupTests(unittest.TestCase):
+    """A directory its group may write in is ours alone if the group is
+    our user private group: named as we are, with no other member and no
+    other user's primary group.  The user and group databases are
+    stand-ins here, the directory (mode 0770) a real one."""
+
+    def setUp(self):
+        tmp = tempfile.TemporaryDirectory()
+        self.addCleanup(tmp.cleanup)
+        self.dir = os.path.join(tmp.name, "out")
+        os.mkdir(self.dir)
+        os.chmod(self.dir, 0o770)
+        self.gid = os.stat(self.dir).st_gid
+        self.me = pwd.struct_passwd(("me", "x", os.geteuid(), self.gid, "",
+                                     "/", "/bin/sh"))
+
+    def open(self, group, users=()):
+        """Open self.dir (an UnsafeError if refused) with `group` the
+        group database's entry of its group, `users` the other users."""
+        from perf_trampoline import _output
+        users = [self.me, *users]
+
+        def getpwuid(uid):
+            for user in users:
+                if user.pw_uid == uid:
+                    return user
+            raise KeyError(uid)
+
+        def getgrgid(gid):
+            return grp.struct_group((group[0], "x", gid, group[1]))
+
+        with mock.patch("pwd.getpwuid", getpwuid), \
+                mock.patch("pwd.getpwall", lambda: users), \
+                mock.patch("grp.getgrgid", getgrgid):
+            _output.OutputDir.open(self.dir).close()
+
+    def assertRefused(self, group, users, who):
+        from perf_trampoline import _output
+        with self.assertRaises(_output.UnsafeError) as caught:
+            self.open(group, users)
+        self.assertIn(f"{who} may write in {self.dir}", str(caught.exception))
+
+    def test_our_private_group(self):
+        self.open(("me", []))
+        self.open(("me", ["me"]))
+
+    def test_a_shared_group(self):
+        other = pwd.struct_passwd(("you", "x", os.geteuid() + 1,
+                                   self.gid, "", "/", "/bin/sh"))
+        for group, users in ((("me", ["me", "you"]), ()),
+                             (("me", []), [other]),
+                             (("staff", []), ())):
+            with self.subTest(group=group, users=users):
+                self.assertRefused(group, users,
+                                   f"group {group[0]} (gid {self.gid})")
 
 
 class InjectTests(unittest.TestCase):
