@@ -710,8 +710,21 @@ def _check_command(name):
                       status=126)
 
 
+def _fill_closed_std_fds():
+    """/dev/null in place of a closed stdin, stdout or stderr: else a
+    descriptor of ours (the output directory, perf's log) would take its
+    number, and the command would be given it."""
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            # The lowest free number: this one.
+            os.set_inheritable(os.open(os.devnull, os.O_RDWR), True)
+
+
 def run(args):
     """The record subcommand; returns the exit status."""
+    _fill_closed_std_fds()
     try:
         command = _check_args(args)
         perf = find_perf(args.perf, args.jit)

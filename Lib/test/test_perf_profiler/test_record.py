@@ -175,10 +175,11 @@ class RecordTestCase(PerfTestCase):
     def tool(self, *args, timeout=TIMEOUT, cwd=None, text=True, **kwargs):
         """python -I -m perf_trampoline record ARGS, CompletedProcess;
         run in `cwd` (default self.tmpdir)."""
+        kwargs = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE,
+                  **kwargs}
         return subprocess.run(
             [sys.executable, "-I", "-m", "perf_trampoline", "record",
-             *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            text=text, env=self.env, cwd=cwd or self.tmpdir,
+             *args], text=text, env=self.env, cwd=cwd or self.tmpdir,
             timeout=timeout, **kwargs)
 
     def command(self, status=0, rounds=100, forever=False):
@@ -295,6 +296,17 @@ class RecordTests(RecordTestCase):
         self.assertIn(os.path.join(self.out, "perf.data"),
                       result.stderr.splitlines())
         self.assertNotIn(self.out, result.stdout.splitlines())
+
+    def test_command_with_stdout_closed(self):
+        # Its stdout is /dev/null, not a descriptor of record's that took
+        # the closed one's number (perf's log).
+        code = ("import os; os.write(2, os.readlink('/proc/self/fd/1')"
+                ".encode() + b'\\n')")
+        result = self.tool("-o", self.out, "--", sys.executable, "-c", code,
+                           stdout=None, preexec_fn=lambda: os.close(1))
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertEqual(result.stderr.splitlines()[0], os.devnull,
+                         result.stderr)
 
     def test_command_fails(self):
         result = self.tool("-o", self.out, "--", *self.command(status=3))
