@@ -77,11 +77,12 @@ Writes DIR/perf.data (already injected with --jit) and the reports made
 from it, and prints their paths, one per line, on stderr.  DIR defaults
 to perf-record-YYYYmmdd-HHMMSS in the current directory.  A DIR that holds
 a perf.data is refused unless --force; so is a DIR reached through a
-symbolic link, or that another user owns or could write in, as is any
-directory above it (a sticky one of root's, such as /tmp, may be writable
-by all).  perf's own messages are in DIR/perf-record.log.  Of the
-reports, gecko.json (for the Firefox Profiler) needs perf >= 6.7, which
-has its gecko script; with an older perf it is left out.
+symbolic link, or that another user owns or could write in (by its mode,
+a group not yours alone, or an ACL), as is any directory above it (a
+sticky one of root's, such as /tmp, may be writable by all).  perf's own
+messages are in DIR/perf-record.log.  Of the reports, gecko.json (for the
+Firefox Profiler) needs perf >= 6.7, which has its gecko script; with an
+older perf it is left out.
 
 COMMAND runs with PYTHONPERFSUPPORT=1 (--jit: PYTHON_PERF_JIT_SUPPORT=1),
 with record's stdin, stdout and stderr, and its output is left as it
