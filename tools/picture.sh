@@ -27,7 +27,7 @@ chmod 700 "$OUT"
 root=$(realpath "$ROOT")
 say "recording examples/demo.py"
 "$PYTHON" -I -m perf_trampoline record -o "$OUT/record" -- \
-    "$PYTHON" "$root/examples/demo.py" >"$OUT/record.txt"
+    "$PYTHON" "$root/examples/demo.py" >"$OUT/record.txt" 2>&1
 recorded=$OUT/record/flamegraph-python.html
 [ -s "$recorded" ] ||
     { say "record wrote no $recorded (log: $OUT/record.txt)"; exit 1; }

@@ -14,6 +14,11 @@ each component checked on its own descriptor (-o /tmp/out):
     tmp    else unless sticky (others may write in /tmp, not replace ours)
     out    the output: owned by root or us, writable by no one else
 
+Writable by another user means by any means: the mode's bits for others,
+or for a group that is not ours alone, or an entry of the directory's
+POSIX ACL; its default ACL counts too, since what is made in the
+directory inherits it.
+
 A missing component is made with mkdirat() below the checked one, then
 opened and checked like the others.  Every file is then created through
 the last descriptor, O_NOFOLLOW and O_EXCL; programs that write by path
@@ -23,14 +28,34 @@ their working directory and are given names relative to it.
 
 import contextlib
 import errno
+import grp
 import os
+import pwd
 import stat
+import struct
 
 __all__ = ["OutputDir", "UnsafeError"]
 
 # O_PATH: a component needs only search permission, as in a path walk.
 _DIR_FLAGS = (os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
 _ADVICE = "choose a directory that only you can write in, e.g. -o ~/profiles"
+
+# A POSIX ACL as the kernel keeps it in an extended attribute: a header
+# (u32 version), then entries (u16 tag, u16 permissions, u32 id of a
+# named user or group), little-endian.
+_ACL_ACCESS = "system.posix_acl_access"
+_ACL_DEFAULT = "system.posix_acl_default"     # inherited by new entries
+_ACL_VERSION = 2
+_ACL_HEADER = struct.Struct("<I")
+_ACL_ENTRY = struct.Struct("<HHI")
+ACL_USER_OBJ = 0x01     # the owner
+ACL_USER = 0x02         # a named user
+ACL_GROUP_OBJ = 0x04    # the owning group
+ACL_GROUP = 0x08        # a named group
+ACL_MASK = 0x10         # the most a named entry or the owning group gets
+ACL_OTHER = 0x20
+_ACL_WRITE = 0x02
+_MASKED = (ACL_USER, ACL_GROUP_OBJ, ACL_GROUP)
 
 
 class UnsafeError(Exception):
@@ -41,6 +66,95 @@ def _refuse(path, why):
     raise UnsafeError(f"{path} is not safe to write in: {why}; {_ADVICE}")
 
 
+def _read_acl(fd, name):
+    """The entries [(tag, permissions, id)] of the ACL `name` of the
+    directory open as `fd`, or None if it has none.  An O_PATH
+    descriptor has no xattr calls of its own: its /proc/self/fd link
+    leads to the very directory, not to a path looked up again."""
+    try:
+        data = os.getxattr(f"/proc/self/fd/{fd}", name)
+    except OSError as exc:
+        # ENOTSUP: the file system keeps no ACLs.
+        if exc.errno in (errno.ENODATA, errno.ENOTSUP):
+            return None
+        raise
+    if (len(data) < _ACL_HEADER.size
+            or (len(data) - _ACL_HEADER.size) % _ACL_ENTRY.size
+            or _ACL_HEADER.unpack_from(data)[0] != _ACL_VERSION):
+        raise OSError(errno.EINVAL, "not an ACL of version 2")
+    return list(_ACL_ENTRY.iter_unpack(data[_ACL_HEADER.size:]))
+
+
+def _ours_alone(gid):
+    """Whether the group `gid` reaches no user but us.  A login takes a
+    user's groups from the group and user databases: a group that bears
+    our user name, lists no other member and is no other user's primary
+    group (a user private group) is ours alone; any other group may have
+    another member, now or once the databases change."""
+    uid = os.geteuid()
+    try:
+        name = pwd.getpwuid(uid).pw_name
+        group = grp.getgrgid(gid)
+    except KeyError:
+        return False
+    return (group.gr_name == name
+            and all(member == name for member in group.gr_mem)
+            and all(user.pw_uid == uid for user in pwd.getpwall()
+                    if user.pw_gid == gid))
+
+
+def _named(database, kind, number):
+    try:
+        return f"{kind} {database(number)[0]} ({kind[0]}id {number})"
+    except KeyError:
+        return f"{kind} {number}"
+
+
+def _other_writer(fd, st, here):
+    """Who else than us or root may write in the directory `here` (open
+    as `fd`, `st` its status), or in what is made in it, said in a few
+    words ("others may write in ..."); None if no one."""
+    for name in (_ACL_ACCESS, _ACL_DEFAULT):
+        try:
+            entries = _read_acl(fd, name)
+        except OSError as exc:
+            return f"the ACL of {here} cannot be read ({exc.strerror})"
+        inherited = name == _ACL_DEFAULT
+        if entries is None:
+            if inherited:
+                continue
+            # Without an ACL, the mode's bits are the whole of it.
+            entries = [(ACL_USER_OBJ, st.st_mode >> 6 & 7, 0),
+                       (ACL_GROUP_OBJ, st.st_mode >> 3 & 7, 0),
+                       (ACL_OTHER, st.st_mode & 7, 0)]
+            how = ""
+        else:
+            how = " (its default ACL)" if inherited else " (its ACL)"
+        mask = [perm for tag, perm, _ in entries if tag == ACL_MASK]
+        # What is made in it has its group if it is set-group-ID, or ours.
+        group = (os.getegid() if inherited and not st.st_mode & stat.S_ISGID
+                 else st.st_gid)
+        for tag, perm, number in entries:
+            if tag in _MASKED and mask:
+                perm &= mask[0]
+            if not perm & _ACL_WRITE:
+                continue
+            if tag == ACL_OTHER:
+                who = "others"
+            elif tag == ACL_USER and number not in (os.geteuid(), 0):
+                who = _named(pwd.getpwuid, "user", number)
+            elif tag in (ACL_GROUP, ACL_GROUP_OBJ):
+                number = number if tag == ACL_GROUP else group
+                if _ours_alone(number):
+                    continue
+                who = _named(grp.getgrgid, "group", number)
+            else:
+                continue        # the owner (us or root), or us by name
+            where = f"what is made in {here}" if inherited else here
+            return f"{who} may write in {where}{how}"
+    return None
+
+
 def _check(fd, here, path, last):
     """Refuse the directory `here` (open as `fd`) on the way to `path`
     if another user owns it or could write in it, and so put a link or a
@@ -49,11 +163,11 @@ def _check(fd, here, path, last):
     st = os.fstat(fd)
     if st.st_uid not in (os.geteuid(), 0):
         _refuse(path, f"{here} belongs to another user (uid {st.st_uid})")
-    others = st.st_mode & (stat.S_IWOTH
-                           | (stat.S_IWGRP if st.st_gid != os.getegid()
-                              else 0))
-    if others and (last or not st.st_mode & stat.S_ISVTX):
-        _refuse(path, f"others may write in {here}")
+    if not last and st.st_mode & stat.S_ISVTX:
+        return
+    writer = _other_writer(fd, st, here)
+    if writer:
+        _refuse(path, writer)
 
 
 def _open_dir(parent, name, here, path):

@@ -16,10 +16,12 @@ cpu-clock is a software event: it works in virtual machines too.  -e,
 A COMMAND gets PYTHONPERFSUPPORT=1 (--jit: PYTHON_PERF_JIT_SUPPORT=1).
 perf runs it as its child, in its own process group; a small exec helper
 moves the command back into ours (the terminal's foreground job) and
-gives it our stderr, so that Ctrl-C reaches the command, never perf,
-exactly as it would without us, and perf's own messages go to
-DIR/perf-record.log.  Recording ends when the command exits; its exit
-status is ours.
+gives it our stdout and stderr, so that Ctrl-C reaches the command, never
+perf, exactly as it would without us; perf's own output goes to
+DIR/perf-record.log.  Until the command exits, its stdout and stderr
+carry its bytes alone; then ours follow on stderr, the paths of the files
+written last.  Recording ends when the command exits; its exit status is
+ours.
 
 A running process (-p) is switched with this package's attach() unless
 trampolines are on with the right backend already, and switched back
@@ -72,19 +74,22 @@ RAW_NAME = "perf.raw.data"     # --jit: perf record's, before perf inject
 
 HELP = """\
 Writes DIR/perf.data (already injected with --jit) and the reports made
-from it, and prints their paths, one per line, on stdout.  DIR defaults to
-perf-record-YYYYmmdd-HHMMSS in the current directory.  A DIR that holds a
-perf.data is refused unless --force; so is a DIR reached through a
-symbolic link, or that another user owns or could write in, as is any
-directory above it (a sticky one of root's, such as /tmp, may be writable
-by all).  perf's own messages are in DIR/perf-record.log.  Of the
-reports, gecko.json (for the Firefox Profiler) needs perf >= 6.7, which
-has its gecko script; with an older perf it is left out.
+from it, and prints their paths, one per line, on stderr.  DIR defaults
+to perf-record-YYYYmmdd-HHMMSS in the current directory.  A DIR that holds
+a perf.data is refused unless --force; so is a DIR reached through a
+symbolic link, or that another user owns or could write in (by its mode,
+a group not yours alone, or an ACL), as is any directory above it (a
+sticky one of root's, such as /tmp, may be writable by all).  perf's own
+messages are in DIR/perf-record.log.  Of the reports, gecko.json (for the
+Firefox Profiler) needs perf >= 6.7, which has its gecko script; with an
+older perf it is left out.
 
 COMMAND runs with PYTHONPERFSUPPORT=1 (--jit: PYTHON_PERF_JIT_SUPPORT=1),
-with the terminal's stdin, stdout and stderr; Ctrl-C reaches it as it would
-without perf, and recording ends when it exits.  Exit status: the
-command's (128+N if signal N killed it).
+with record's stdin, stdout and stderr, and its output is left as it
+wrote it: record writes nothing on stdout, and on stderr only once the
+command has exited.  Ctrl-C reaches it as it would without perf, and
+recording ends when it exits.  Exit status: the command's (128+N if
+signal N killed it).
 
 -p PID: switches perf trampolines on in the process (unless they are on
 with the right backend) and back when recording ends: after --seconds, on
@@ -252,19 +257,20 @@ def _log_failure(out, returncode):
 # Processes
 
 # Runs between perf's fork and the command: back into our process group
-# (so the terminal's Ctrl-C reaches the command, not perf), our stderr
-# back in place of perf's log, perf's descriptor of the output directory
-# closed.  -I -S: no environment, no site; it ignores PYTHONPERFSUPPORT,
-# which the command gets.
+# (so the terminal's Ctrl-C reaches the command, not perf), our stdout and
+# stderr back in place of perf's log, perf's descriptor of the output
+# directory closed.  -I -S: no environment, no site; it ignores
+# PYTHONPERFSUPPORT, which the command gets.
 _EXEC_HELPER = """\
 import os, sys
-pgid, fd, dir_fd, *command = sys.argv[1:]
+pgid, out_fd, err_fd, dir_fd, *command = sys.argv[1:]
 try:
     os.setpgid(0, int(pgid))
 except OSError:
     pass
-os.dup2(int(fd), 2)
-os.close(int(fd))
+for fd, to in ((out_fd, 1), (err_fd, 2)):
+    os.dup2(int(fd), to)
+    os.close(int(fd))
 os.close(int(dir_fd))
 try:
     os.execvp(command[0], command)
@@ -276,10 +282,12 @@ except OSError as exc:
 
 
 def _spawn(args, log_fd, env, old_mask):
-    """Start `args` in a process group of its own, stderr to `log_fd`,
-    with the signal mask and default dispositions we were started with."""
+    """Start `args` in a process group of its own, stdout and stderr to
+    `log_fd`, with the signal mask and default dispositions we were
+    started with."""
     return os.posix_spawn(
         args[0], args, env, file_actions=[
+            (os.POSIX_SPAWN_DUP2, log_fd, 1),
             (os.POSIX_SPAWN_DUP2, log_fd, 2)],
         setpgroup=0, setsigmask=old_mask,
         setsigdef=(signal.SIGPIPE, signal.SIGXFSZ))
@@ -375,7 +383,10 @@ class Recorder:
         self.data = out.join(_reports.DATA_NAME)
         self.recorded = RAW_NAME if args.jit else _reports.DATA_NAME
         self.old_mask = old_mask
-        self.maps = _namespaces.NamespaceMaps()
+        # While a command runs, its stderr is its own: what we have to
+        # say meanwhile (a list) waits until it has exited.
+        self.held = None
+        self.maps = _namespaces.NamespaceMaps(warn=self.warn)
         self.host_maps = None
         self.watched = set()
         self.perf_pid = None
@@ -399,7 +410,7 @@ class Recorder:
         args = [self.perf, "record", *record_options(self.args),
                 "-o", f"/proc/self/fd/{dir_fd}/{self.recorded}"]
         env = dict(os.environ)
-        err_fd = None
+        std_fds = []            # our stdout and stderr, for the command
         ready = None
         if target[0] == "-p":
             # perf acknowledges a ping once it records (its main loop).
@@ -412,10 +423,12 @@ class Recorder:
             for name in ENV_VARS.values():
                 env.pop(name, None)
             env[ENV_VARS[self.backend]] = "1"
-            err_fd = os.dup(2)
-            os.set_inheritable(err_fd, True)
+            std_fds = [os.dup(1), os.dup(2)]
+            for fd in std_fds:
+                os.set_inheritable(fd, True)
             args += ["--", sys.executable, "-I", "-S", "-c", _EXEC_HELPER,
-                     str(os.getpgrp()), str(err_fd), str(dir_fd), *target]
+                     str(os.getpgrp()), *map(str, std_fds), str(dir_fd),
+                     *target]
         try:
             self.perf_pid = _spawn(args, log_fd, env, self.old_mask)
         except OSError as exc:
@@ -423,8 +436,8 @@ class Recorder:
         finally:
             os.close(log_fd)
             os.close(dir_fd)
-            if err_fd is not None:
-                os.close(err_fd)
+            for fd in std_fds:
+                os.close(fd)
             if ready is not None:
                 os.close(control)
                 os.close(ack)
@@ -471,6 +484,18 @@ class Recorder:
             os.close(self.control)
             self.control = None
 
+    def warn(self, message):
+        if self.held is None:
+            _warn(message)
+        else:
+            self.held.append(message)
+
+    def release(self):
+        """Say what was held while the command ran."""
+        held, self.held = self.held or [], None
+        for message in held:
+            _warn(message)
+
     def watch(self, pid):
         """Follow the maps of `pid` if it runs in a container.  A process
         that ended meanwhile has nothing to follow; any other failure
@@ -483,14 +508,16 @@ class Recorder:
             self.maps.watch(pid)
         except _namespaces.MapsError as exc:
             if _alive(pid):
-                self.maps.warn(f"{exc}; its Python functions will not be "
-                               f"named once it has exited")
+                self.warn(f"{exc}; its Python functions will not be named "
+                          f"once it has exited")
 
     def loop(self, alive=None, seconds=None, on_signal=None):
-        """Until perf ends, or `seconds` pass, or (with `alive`) alive()
-        is false: progress, namespace maps, signals, each passed to
-        on_signal(signum, from_terminal), which returns True to stop."""
-        progress = _Progress(self.out, self.recorded)
+        """Until perf ends, or `seconds` pass, or (with `alive`, for a
+        running process) alive() is false: namespace maps, signals, each
+        passed to on_signal(signum, from_terminal), which returns True to
+        stop, and for a process progress; a command's stderr is its own."""
+        progress = (_Progress(self.out, self.recorded) if alive is not None
+                    else None)
         started = time.monotonic()
         updated = started
         try:
@@ -512,9 +539,11 @@ class Recorder:
                 if now - updated >= UPDATE_INTERVAL:
                     self.maps.update()
                     updated = now
-                progress.tick()
+                if progress is not None:
+                    progress.tick()
         finally:
-            progress.done()
+            if progress is not None:
+                progress.done()
 
     def finish(self):
         """Stop perf if it runs; the sample count; RecordError if perf
@@ -546,8 +575,13 @@ def _record_command(recorder, command):
                     pass                # it has just exited
         return False
 
-    recorder.start(command)
-    recorder.loop(on_signal=forward)
+    recorder.held = []
+    try:
+        recorder.start(command)
+        recorder.loop(on_signal=forward)
+    finally:
+        recorder.stop()
+        recorder.release()
     return recorder.finish()
 
 
@@ -677,8 +711,21 @@ def _check_command(name):
                       status=126)
 
 
+def _fill_closed_std_fds():
+    """/dev/null in place of a closed stdin, stdout or stderr: else a
+    descriptor of ours (the output directory, perf's log) would take its
+    number, and the command would be given it."""
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            # The lowest free number: this one.
+            os.set_inheritable(os.open(os.devnull, os.O_RDWR), True)
+
+
 def run(args):
     """The record subcommand; returns the exit status."""
+    _fill_closed_std_fds()
     try:
         command = _check_args(args)
         perf = find_perf(args.perf, args.jit)
@@ -745,5 +792,5 @@ def _report(recorder, perf, out, command, samples, host_maps):
         _warn("perf recorded no samples: no reports")
     _warn(f"{samples} samples")
     for path in paths + list(host_maps):
-        print(path)
+        print(path, file=sys.stderr)
     return exit_code

@@ -209,7 +209,7 @@ class NamespaceMapsTest(PerfTestCase):
         stdout, stderr = tool.communicate(timeout=TIMEOUT)
         self.assertEqual(tool.returncode, 0, stderr)
         copy = f"/tmp/jit-{pid}.dump"
-        self.assertIn(copy, stdout.splitlines())
+        self.assertIn(copy, stderr.splitlines())
         with open(copy, "rb") as f:
             dump = f.read()
         self.assertEqual(dump[:4], _namespaces.JITDUMP_MAGIC.to_bytes(

@@ -3,14 +3,20 @@
 End to end with real perf: a command and a running process, with frame
 pointers and with --jit (perf >= 6.8, PERF as in test_jit; the command
 runs under PERF_NOFP_PYTHON when set); the Python call chain must be in
-perf.data.  Bad input must give one line on stderr and exit status 2, and
-leave the named process alone.
+perf.data.  The command's stdout and stderr are its own: record's lines
+follow on stderr.  Bad input must give one line on stderr and exit
+status 2, and leave the named process alone; so must an output directory
+that another user could write in, by its mode, its group or an ACL.
 """
 
+import errno
 import glob
+import grp
 import os
 import pty
+import pwd
 import signal
+import struct
 import subprocess
 import sys
 import sysconfig
@@ -61,7 +67,33 @@ COMMAND = """\
 
 CHAIN = ["leaf", "mid", "top"]
 
+# What a command writes whose output is data: every byte value, no newline
+# at the end.  record adds nothing to its stdout, and to its stderr only
+# after it.
+STDOUT_BYTES = bytes(range(256)) * 2 + b"\r\n\x00end"
+STDERR_BYTES = b"\xff\xfe not text\nno newline"
+# Writes them in two parts around calls of spin(), then exits 3.
+BYTES_COMMAND = f"""\
+    import os, sys
+
+    def spin(n):
+        total = 0
+        for i in range(n):
+            total += i
+        return total
+
+    os.write(1, {STDOUT_BYTES[:300]!r})
+    os.write(2, {STDERR_BYTES[:10]!r})
+    for _ in range(100):
+        spin(20000)
+    os.write(1, {STDOUT_BYTES[300:]!r})
+    os.write(2, {STDERR_BYTES[10:]!r})
+    sys.exit(3)
+    """
+
 NOBODY = 65534
+# A user and a group no database names: an ACL entry takes any id.
+STRANGER = 12345
 DEFAULT_NAME = "perf-record-%Y%m%d-%H%M%S"
 
 # Runs as pid 1 of a PID namespace of its own, where nothing else takes
@@ -140,13 +172,14 @@ class RecordTestCase(PerfTestCase):
                                                            "debug"))
         self.addCleanup(self.remove_jitted)
 
-    def tool(self, *args, timeout=TIMEOUT, cwd=None, **kwargs):
+    def tool(self, *args, timeout=TIMEOUT, cwd=None, text=True, **kwargs):
         """python -I -m perf_trampoline record ARGS, CompletedProcess;
         run in `cwd` (default self.tmpdir)."""
+        kwargs = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE,
+                  **kwargs}
         return subprocess.run(
             [sys.executable, "-I", "-m", "perf_trampoline", "record",
-             *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            text=True, env=self.env, cwd=cwd or self.tmpdir,
+             *args], text=text, env=self.env, cwd=cwd or self.tmpdir,
             timeout=timeout, **kwargs)
 
     def command(self, status=0, rounds=100, forever=False):
@@ -178,10 +211,10 @@ class RecordTestCase(PerfTestCase):
         self.assertEqual(out, "bad 0\n")
 
     def assertRecorded(self, result, name="command.py", chain=CHAIN):
-        """The paths record printed, perf.data first, and `chain` in it:
-        Python frames of the script `name`, innermost first.  Returns the
-        chains of the samples."""
-        lines = result.stdout.splitlines()
+        """The paths record printed on stderr, perf.data first, and
+        `chain` in it: Python frames of the script `name`, innermost
+        first.  Returns the chains of the samples."""
+        lines = result.stderr.splitlines()
         data = os.path.join(self.out, "perf.data")
         self.assertIn(data, lines, result.stderr)
         # The command's output comes first, then the paths.
@@ -202,6 +235,24 @@ class RecordTestCase(PerfTestCase):
         chains = [s.python_frames(path) for s in samples]
         self.assertIn(chain, [c[:len(chain)] for c in chains])
         return chains
+
+    def check_output_is_the_commands(self, *options):
+        """record's stdout is the command's bytes alone, its stderr the
+        command's and then record's lines, the paths last; its exit status
+        the command's."""
+        path = write_script(self.tmpdir, BYTES_COMMAND, "bytes.py")
+        result = self.tool(*options, "-o", self.out, "--", self.python,
+                           path, text=False)
+        err = result.stderr.decode(errors="backslashreplace")
+        self.assertEqual(result.returncode, 3, err)
+        self.assertEqual(result.stdout, STDOUT_BYTES)
+        self.assertEqual(result.stderr[:len(STDERR_BYTES)], STDERR_BYTES,
+                         err)
+        ours = result.stderr[len(STDERR_BYTES):].decode()
+        self.assertTrue(ours.startswith("perf_trampoline: the command "
+                                        "exited with status 3\n"), ours)
+        self.assertRecorded(subprocess.CompletedProcess(
+            result.args, result.returncode, "", ours), "bytes.py", ["spin"])
 
     def remove_jitted(self):
         for pid in self.files.pids:
@@ -227,6 +278,9 @@ class RecordTests(RecordTestCase):
         # A report this perf cannot write is said in --help, not here.
         self.assertNotIn("not written", result.stderr)
 
+    def test_command_output_is_its_own(self):
+        self.check_output_is_the_commands()
+
     def test_command_has_no_descriptor_of_the_directory(self):
         # perf has one to write through; the command it runs has not.
         script = write_script(self.tmpdir, """\
@@ -239,9 +293,20 @@ class RecordTests(RecordTestCase):
             """, "fds.py")
         result = self.tool("-o", self.out, "--", sys.executable, script)
         self.assertEqual(result.returncode, 0, result.stderr)
-        lines = result.stdout.splitlines()
-        self.assertIn(os.path.join(self.out, "perf.data"), lines)
-        self.assertNotIn(self.out, lines)
+        self.assertIn(os.path.join(self.out, "perf.data"),
+                      result.stderr.splitlines())
+        self.assertNotIn(self.out, result.stdout.splitlines())
+
+    def test_command_with_stdout_closed(self):
+        # Its stdout is /dev/null, not a descriptor of record's that took
+        # the closed one's number (perf's log).
+        code = ("import os; os.write(2, os.readlink('/proc/self/fd/1')"
+                ".encode() + b'\\n')")
+        result = self.tool("-o", self.out, "--", sys.executable, "-c", code,
+                           stdout=None, preexec_fn=lambda: os.close(1))
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertEqual(result.stderr.splitlines()[0], os.devnull,
+                         result.stderr)
 
     def test_command_fails(self):
         result = self.tool("-o", self.out, "--", *self.command(status=3))
@@ -300,6 +365,7 @@ class RecordTests(RecordTestCase):
         result = self.tool("-p", str(pid), "--seconds", "1", "-o", self.out,
                            *args)
         self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertEqual(result.stdout, "")
         return self.assertRecorded(result, "target.py", INNER_CHAIN)
 
     def test_process(self):
@@ -414,9 +480,14 @@ class RecordErrorTests(RecordTestCase):
         self.fake_perf = self.make_perf("6.12.0")
 
     def make_perf(self, version):
+        """A perf that says it is `version` and notes in self.perf_ran
+        that it was asked to record."""
+        self.perf_ran = os.path.join(self.tmpdir, "perf-ran")
         path = os.path.join(self.tmpdir, f"perf-{version}")
         with open(path, "w") as f:
-            f.write(f"#!/bin/sh\necho 'perf version {version}'\n")
+            f.write(f"#!/bin/sh\n"
+                    f"[ \"$1\" = record ] && echo \"$@\" >> {self.perf_ran}\n"
+                    f"echo 'perf version {version}'\n")
         os.chmod(path, 0o755)
         return path
 
@@ -524,6 +595,98 @@ class RecordErrorTests(RecordTestCase):
                 assert_refused(self, result, f"{theirs} belongs to another "
                                              f"user (uid 65534)")
                 self.assertEqual(os.listdir(theirs), [])
+
+    def assertDirectoryRefused(self, out, message):
+        """record -o `out` refused for `message`, perf not run."""
+        assert_refused(self, self.tool("--perf", self.fake_perf, "-o", out,
+                                       "--", "true"), message)
+        self.assertFalse(os.path.exists(self.perf_ran))
+
+    def assertDirectoryTaken(self, out):
+        """record -o `out` ran perf (the fake one, which records
+        nothing: record fails then)."""
+        result = self.tool("--perf", self.fake_perf, "-o", out, "--", "true")
+        self.assertIn("perf record failed", result.stderr)
+        self.assertTrue(os.path.exists(self.perf_ran))
+        os.unlink(self.perf_ran)
+
+    def set_acl(self, path, entries, default=False):
+        """Give `path` the ACL `entries` ((tag, permissions, id)) in the
+        kernel's format, as setfacl would."""
+        # The kernel takes the entries in the order of their tags.
+        data = struct.pack("<I", 2) + b"".join(
+            struct.pack("<HHI", *entry)
+            for entry in sorted(entries, key=lambda entry: entry[0]))
+        name = "system.posix_acl_" + ("default" if default else "access")
+        try:
+            os.setxattr(path, name, data)
+        except OSError as exc:
+            if exc.errno == errno.ENOTSUP:
+                self.skipTest(f"the file system of {path} keeps no ACLs")
+            raise
+
+    def test_output_directory_acl_lets_another_user_write(self):
+        # drwxrwx---+ whose ACL lets another user write: they could plant
+        # perf.data -> /root/victim for root's perf to create.
+        shared = os.path.join(self.tmpdir, "shared")
+        os.mkdir(shared, 0o700)
+        uid = os.geteuid()
+        for entries, message in (
+                ([(ACL_USER, 7, STRANGER)],
+                 f"user {STRANGER} may write in {shared} (its ACL)"),
+                ([(ACL_GROUP, 3, STRANGER)],
+                 f"group {STRANGER} may write in {shared} (its ACL)"),
+                ([(ACL_USER, 6, uid), (ACL_USER, 3, STRANGER)],
+                 f"user {STRANGER} may write"),
+                # (An ACL the mode can say is kept as the mode.)
+                ([], f"others may write in {shared}")):
+            other = 7 if not entries else 0
+            with self.subTest(entries=entries):
+                self.set_acl(shared, [(ACL_USER_OBJ, 7, 0), *entries,
+                                      (ACL_GROUP_OBJ, 5, 0),
+                                      *[(ACL_MASK, 7, 0)] * bool(entries),
+                                      (ACL_OTHER, other, 0)])
+                for out in (shared, os.path.join(shared, "out")):
+                    self.assertDirectoryRefused(out, message)
+                    self.assertEqual(os.listdir(shared), [])
+        # The mask limits the named entries: none may write.
+        self.set_acl(shared, [(ACL_USER_OBJ, 7, 0), (ACL_USER, 7, STRANGER),
+                              (ACL_GROUP, 7, STRANGER),
+                              (ACL_GROUP_OBJ, 5, 0), (ACL_MASK, 5, 0),
+                              (ACL_OTHER, 0, 0)])
+        self.assertDirectoryTaken(shared)
+
+    def test_output_directory_default_acl_lets_another_user_write(self):
+        # What perf and its scripts make in it would be theirs to change.
+        out = os.path.join(self.tmpdir, "out")
+        os.mkdir(out, 0o700)
+        self.set_acl(out, [(ACL_USER_OBJ, 7, 0), (ACL_USER, 7, STRANGER),
+                           (ACL_GROUP_OBJ, 5, 0), (ACL_MASK, 7, 0),
+                           (ACL_OTHER, 0, 0)], default=True)
+        self.assertDirectoryRefused(out, f"user {STRANGER} may write in "
+                                         f"what is made in {out} (its "
+                                         f"default ACL)")
+        # One that lets only us and the owner write is fine.
+        self.set_acl(out, [(ACL_USER_OBJ, 7, 0),
+                           (ACL_USER, 7, os.geteuid()),
+                           (ACL_GROUP_OBJ, 5, 0), (ACL_MASK, 7, 0),
+                           (ACL_OTHER, 5, 0)], default=True)
+        self.assertDirectoryTaken(out)
+
+    @unittest.skipUnless(os.geteuid() == 0, "needs root (chown)")
+    def test_output_directory_group_may_write(self):
+        # A group no database names: who is in it is unknown.
+        shared = os.path.join(self.tmpdir, "shared")
+        os.mkdir(shared)
+        os.chown(shared, 0, STRANGER)
+        os.chmod(shared, 0o770)
+        for out in (shared, os.path.join(shared, "out")):
+            with self.subTest(out=out):
+                self.assertDirectoryRefused(out, f"group {STRANGER} may "
+                                                 f"write in {shared}")
+                self.assertEqual(os.listdir(shared), [])
+        os.chmod(shared, 0o750)
+        self.assertDirectoryTaken(shared)
 
     def sticky_dir(self):
         """A directory like /tmp (root's, sticky, writable by all) in
@@ -645,6 +808,67 @@ class RecordErrorTests(RecordTestCase):
         self.assertEqual(os.listdir(self.out), ["perf.data"])
 
 
+ACL_USER_OBJ, ACL_USER, ACL_GROUP_OBJ, ACL_GROUP, ACL_MASK, ACL_OTHER = (
+    0x01, 0x02, 0x04, 0x08, 0x10, 0x20)
+
+
+class PrivateGroupTests(unittest.TestCase):
+    """A directory its group may write in is ours alone if the group is
+    our user private group: named as we are, with no other member and no
+    other user's primary group.  The user and group databases are
+    stand-ins here, the directory (mode 0770) a real one."""
+
+    def setUp(self):
+        tmp = tempfile.TemporaryDirectory()
+        self.addCleanup(tmp.cleanup)
+        self.dir = os.path.join(tmp.name, "out")
+        os.mkdir(self.dir)
+        os.chmod(self.dir, 0o770)
+        self.gid = os.stat(self.dir).st_gid
+        self.me = pwd.struct_passwd(("me", "x", os.geteuid(), self.gid, "",
+                                     "/", "/bin/sh"))
+
+    def open(self, group, users=()):
+        """Open self.dir (an UnsafeError if refused) with `group` the
+        group database's entry of its group, `users` the other users."""
+        from perf_trampoline import _output
+        users = [self.me, *users]
+
+        def getpwuid(uid):
+            for user in users:
+                if user.pw_uid == uid:
+                    return user
+            raise KeyError(uid)
+
+        def getgrgid(gid):
+            return grp.struct_group((group[0], "x", gid, group[1]))
+
+        with mock.patch("pwd.getpwuid", getpwuid), \
+                mock.patch("pwd.getpwall", lambda: users), \
+                mock.patch("grp.getgrgid", getgrgid):
+            _output.OutputDir.open(self.dir).close()
+
+    def assertRefused(self, group, users, who):
+        from perf_trampoline import _output
+        with self.assertRaises(_output.UnsafeError) as caught:
+            self.open(group, users)
+        self.assertIn(f"{who} may write in {self.dir}", str(caught.exception))
+
+    def test_our_private_group(self):
+        self.open(("me", []))
+        self.open(("me", ["me"]))
+
+    def test_a_shared_group(self):
+        other = pwd.struct_passwd(("you", "x", os.geteuid() + 1,
+                                   self.gid, "", "/", "/bin/sh"))
+        for group, users in ((("me", ["me", "you"]), ()),
+                             (("me", []), [other]),
+                             (("staff", []), ())):
+            with self.subTest(group=group, users=users):
+                self.assertRefused(group, users,
+                                   f"group {group[0]} (gid {self.gid})")
+
+
 class InjectTests(unittest.TestCase):
     """perf inject --jit runs in the output directory, by names relative
     to it; a fake perf that copies its input stands in."""
@@ -696,6 +920,9 @@ class RecordJitTests(RecordTestCase):
         # The output is the injected data; the recording is gone.
         self.assertFalse(os.path.exists(os.path.join(self.out,
                                                      "perf.raw.data")))
+
+    def test_command_output_is_its_own(self):
+        self.check_output_is_the_commands("--jit", "--perf", self.perf)
 
     def test_process(self):
         import perf_trampoline

@@ -503,7 +503,7 @@ class RecordToolReportTests(DrawingTestCase):
     def record(self, out, *args):
         proc = record_tool(out, *args)
         self.assertEqual(proc.returncode, 0, proc.stderr)
-        return proc.stdout.splitlines()
+        return proc.stderr.splitlines()
 
     def check_python_view(self, printed, out, script):
         path = os.path.join(out, "flamegraph-python.html")
