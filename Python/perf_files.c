@@ -18,7 +18,13 @@
  *   by unlinking it and creating a new one, never by truncating it,
  *   because a live process in another pid namespace sharing /tmp may
  *   still be writing it.  Such a process is told apart by the lock
- *   (flock) that writers hold on their file until exit or exec.
+ *   (flock) that writers hold on their file until exit or exec.  A lock
+ *   belongs to an open file description, which a child forked without
+ *   PyOS_AfterFork_Child() (C's fork(), daemon()) keeps open across our
+ *   exec: so a held lock is another process's claim only if the kernel
+ *   says (/proc/locks) that a process other than this one took it.  This
+ *   image then takes the lock at a later write, once the child has let it
+ *   go.
  * - Its descriptor is close-on-exec and never 0, 1 or 2: a program that
  *   closed the standard descriptors expects its next open() to return
  *   them, and whatever it then writes to stdout must not land in a map.
@@ -48,6 +54,7 @@
 #include <stdarg.h>
 #include <sys/file.h>             // flock()
 #include <sys/stat.h>             // fstat()
+#include <sys/sysmacros.h>        // major(), minor()
 #include <time.h>                 // clock_gettime()
 #include <unistd.h>               // write(), pread(), lseek()
 
@@ -251,6 +258,90 @@ error:
     return -1;
 }
 
+static int read_lines(int in, off_t size, _PyPerf_LinesFunc each,
+                      void *arg);
+
+/* Take the writers' lock on `fd`.  Returns 1 if another open file
+   description holds it (_PyPerf_File.relock: try again at each write),
+   else 0. */
+static int
+take_lock(int fd)
+{
+    return flock(fd, LOCK_EX | LOCK_NB) < 0 && errno == EWOULDBLOCK;
+}
+
+/* Reads /proc/locks for locked_by_us(). */
+typedef struct {
+    const struct stat *st;
+    long self;
+    int ours;                   /* locks on the file that we took */
+    int others;                 /* ... that anyone else took */
+} lock_owners;
+
+static int
+count_lock_owners(char *lines, size_t size, void *arg)
+{
+    lock_owners *owners = arg;
+    char *end = lines + size;
+    for (char *line = lines; line < end;) {
+        char *nl = memchr(line, '\n', end - line);
+        *nl = '\0';
+        /* "ID: FLOCK  ADVISORY  WRITE PID MAJ:MIN:INODE 0 EOF", device
+           numbers in hex; a waiter's line has "->" before FLOCK. */
+        long pid;
+        unsigned int maj, min;
+        unsigned long long ino;
+        if (sscanf(line, "%*[0-9]: FLOCK ADVISORY %*s %ld %x:%x:%llu",
+                   &pid, &maj, &min, &ino) == 4
+            && ino == (unsigned long long)owners->st->st_ino
+            && maj == major(owners->st->st_dev)
+            && min == minor(owners->st->st_dev))
+        {
+            if (pid == owners->self) {
+                owners->ours++;
+            }
+            else {
+                owners->others++;
+            }
+        }
+        line = nl + 1;
+    }
+    return 0;
+}
+
+/* More of /proc/locks than any machine has (its size reads as 0). */
+#define PROC_LOCKS_MAX ((off_t)1 << 30)
+
+/* Was every flock on the file `st` describes taken by this process (the
+   image before an exec), none by another with our pid number in another
+   pid namespace?  The kernel keeps the pid of the process that took a
+   flock, also while a child it forked holds it through the open file
+   description it inherited.  /proc numbers that pid in its own pid
+   namespace (a process it cannot see is left out), and this process as
+   /proc/self.  Unknown (no /proc): no. */
+static int
+locked_by_us(const struct stat *st)
+{
+    char self[24];
+    ssize_t n = readlink("/proc/self", self, sizeof(self) - 1);
+    if (n <= 0) {
+        return 0;
+    }
+    self[n] = '\0';
+    char *end;
+    lock_owners owners = {.st = st, .self = strtol(self, &end, 10)};
+    if (*end != '\0' || owners.self <= 0) {
+        return 0;
+    }
+    int in = open_above_stdio("/proc/locks", O_RDONLY | O_CLOEXEC, 0);
+    if (in < 0) {
+        return 0;
+    }
+    int res = read_lines(in, PROC_LOCKS_MAX, count_lock_owners, &owners);
+    _PyPerf_CloseKeepErrno(in);
+    return res == 0 && owners.ours > 0 && owners.others == 0;
+}
+
 int
 _PyPerf_FileOpen(_PyPerf_File *file, const char *path, int flags)
 {
@@ -260,8 +351,11 @@ _PyPerf_FileOpen(_PyPerf_File *file, const char *path, int flags)
         return -1;
     }
     /* A live process with our pid number (another pid namespace sharing
-       /tmp) holds its file locked: never ours to keep. */
-    int in_use = (flock(fd, LOCK_EX | LOCK_NB) < 0 && errno == EWOULDBLOCK);
+       /tmp) holds its file locked: never ours to keep.  The image before
+       an exec of this process is no such process (see the top of this
+       file). */
+    int relock = take_lock(fd);
+    int in_use = relock && !locked_by_us(&st);
     if (in_use
         || (st.st_size > 0
             && (!(flags & _PyPerf_FILE_KEEP) || !written_since_start(&st))))
@@ -275,9 +369,10 @@ _PyPerf_FileOpen(_PyPerf_File *file, const char *path, int flags)
         if (fd < 0) {
             return -1;
         }
-        (void)flock(fd, LOCK_EX | LOCK_NB);
+        relock = take_lock(fd);
     }
     file->fd = fd;
+    file->relock = relock;
     file->tagged = tag_description(fd);
     file->dev = st.st_dev;
     file->ino = st.st_ino;
@@ -332,6 +427,9 @@ static int
 check_file(_PyPerf_File *file)
 {
     if (file->fd >= 0 && is_our_descriptor(file->fd, file)) {
+        if (file->relock) {
+            file->relock = take_lock(file->fd);
+        }
         return 0;
     }
     /* The number is no longer ours (never close it: it may be the
@@ -345,8 +443,8 @@ check_file(_PyPerf_File *file)
     if (fd < 0) {
         return -1;
     }
-    (void)flock(fd, LOCK_EX | LOCK_NB);     /* the old descriptor's went */
     file->fd = fd;
+    file->relock = take_lock(fd);   /* the old descriptor's went */
     file->tagged = tag_description(fd);
     return 0;
 }

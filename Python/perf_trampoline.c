@@ -60,7 +60,9 @@
  * Include/internal/pycore_perf.h; this file knows nothing of their
  * formats.  perf reads those files (perf report, perf inject) long after the
  * process is gone, so they are never removed.  A forked child has a new
- * pid, so it starts its own file holding everything it inherited.
+ * pid, so it starts its own file holding everything it inherited, and
+ * takes its new trampolines from arenas of its own (perf names what the
+ * child inherited from the parent's file).
  * Debuggers learn about each arena as it is mapped (Python/perf_gdb_jit.c,
  * gdb's JIT interface).
  *
@@ -81,7 +83,7 @@
 
 #include <errno.h>
 #include <fcntl.h>                // open()
-#include <pthread.h>              // pthread_getattr_np()
+#include <pthread.h>              // pthread_getattr_np(), pthread_atfork()
 #include <sys/resource.h>         // getrlimit()
 #include <sys/syscall.h>          // SYS_gettid
 #include <sys/mman.h>             // mmap(), mprotect()
@@ -223,6 +225,28 @@ new_arena(void)
     return 0;
 }
 
+/* In a forked child (by any fork() that runs the at-fork handlers,
+   PyOS_AfterFork_Child() or not): the current arena is full.  perf copies
+   the parent's mappings into the child at the fork and names their
+   addresses from the parent's map for good, where the parent goes on
+   handing out the same free slots; so the child's new trampolines go in
+   arenas it maps itself, which perf names from the child's map.  The
+   inherited arenas stay mapped: their trampolines may be on the C stack. */
+static void
+leave_inherited_arena(void)
+{
+    _PyPerf_core.next = _PyPerf_core.limit;
+}
+
+static pthread_once_t fork_handler_once = PTHREAD_ONCE_INIT;
+static int fork_handler_error;
+
+static void
+register_fork_handler(void)
+{
+    fork_handler_error = pthread_atfork(NULL, NULL, leave_inherited_arena);
+}
+
 /* Make sure executable memory can be had: the first arena.  The answer is
    kept, so a refusal (e.g. SELinux execmem) is decided once. */
 static int
@@ -234,7 +258,13 @@ init_arenas(void)
             _PyPerf_TemplateReturn - _PyPerf_TemplateStart;
         _PyPerf_core.slot_size = _Py_SIZE_ROUND_UP(_PyPerf_core.code_size,
                                                    SLOT_ALIGN);
-        if (new_arena() < 0) {
+        /* Before the first arena: a child must never take its slots. */
+        pthread_once(&fork_handler_once, register_fork_handler);
+        if (fork_handler_error != 0) {
+            _PyPerf_core.arena_status = _PyPerf_ARENAS_REFUSED;
+            _PyPerf_core.arena_errno = fork_handler_error;
+        }
+        else if (new_arena() < 0) {
             _PyPerf_core.arena_status = _PyPerf_ARENAS_REFUSED;
             _PyPerf_core.arena_errno = errno;
         }

@@ -504,6 +504,7 @@ extern void _PyPerf_CloseKeepErrno(int fd);
 typedef struct {
     int fd;                     /* -1: not open */
     int tagged;                 /* its description is tagged (perf_files.c) */
+    int relock;                 /* another description holds the lock */
     dev_t dev;
     ino_t ino;
     off_t size;                 /* bytes at open, plus those appended */

@@ -62,9 +62,15 @@ def run(args, env=None, **kwargs):
                           timeout=300, **kwargs)
 
 
-def map_names(pid):
+def map_lines(pid):
+    """(start address, name) of each line of /tmp/perf-PID.map."""
     with open(f"/tmp/perf-{pid}.map", encoding="utf-8") as f:
-        return [line.rstrip("\n").split(" ", 2)[2] for line in f]
+        return [(int(start, 16), name) for start, _, name in
+                (line.rstrip("\n").split(" ", 2) for line in f)]
+
+
+def map_names(pid):
+    return [name for _, name in map_lines(pid)]
 
 
 def jitdump_names(pid):
@@ -171,6 +177,31 @@ class TestStockInterpreter(FilesMixin, unittest.TestCase):
         # Inherited trampolines keep their names in the child's file.
         self.assertIn("py::before_fork:<string>", child_names)
         self.assertIn("py::in_child:<string>", child_names)
+
+    def test_fork_child_new_code_in_its_own_memory(self):
+        # perf names what a child inherited from the parent's map, where
+        # the parent names the free slots it goes on handing out: what the
+        # child makes lies at none of the parent's addresses.
+        pid, out = self.run_program("""
+            import os, perftramp311
+            perftramp311.activate("perf")
+            def make(name):
+                exec(f"def {name}(): pass\\n{name}()")
+            make("before_fork")
+            child = os.fork()
+            if child == 0:
+                make("in_child")
+                os._exit(0)
+            os.waitpid(child, 0)
+            make("in_parent")
+            print(child)
+        """)
+        child = int(out)
+        parent_starts = {start for start, _ in map_lines(pid)}
+        made = [start for start, name in map_lines(child)
+                if name == "py::in_child:<string>"]
+        self.assertEqual(len(made), 1)
+        self.assertNotIn(made[0], parent_starts)
 
     def test_threads(self):
         pid, out = self.run_program("""

@@ -435,6 +435,12 @@ class JitdumpTests(UnwindCheck, JitTestCase):
              for r in before_fork])
         self.assertTrue(all(r.pid == child and r.tid == child
                             for r in child_loads))
+        # perf names what the child inherited after the parent's dump:
+        # what the child made lies at none of the parent's addresses.
+        made = child_loads[len(before_fork):]
+        self.assertIn(f"py::only_child:{path}", [r.name for r in made])
+        self.assertFalse({r.code_addr for r in made}
+                         & {r.code_addr for r in parent_loads})
         self.assertEqual([r.code_index for r in child_loads],
                          list(range(len(child_loads))))
         stamps = [header.timestamp] + [r.timestamp for r in child_records]

@@ -185,6 +185,54 @@ class MapWriteTests(PerfTestCase):
                         symbols.index("py::after_exec:<string>"))
         self.assertNotIn(b"\0", self.map_bytes(result.pid))
 
+    @needs_host("the kernel's process start time across exec")
+    def test_named_after_fork_from_c_then_exec(self):
+        # A child forked by C (no PyOS_AfterFork_Child()) holds the map's
+        # descriptor, and with it the lock, while the parent execs: the
+        # lock is this process's own, not another's claim on the file.
+        result = self.run_script("""\
+            import ctypes, fcntl, os, sys
+            def before_exec():
+                def before_exec_marker():   # named on its first call
+                    pass
+                before_exec_marker()
+            def after_exec():
+                def after_exec_marker():
+                    pass
+                after_exec_marker()
+            if len(sys.argv) > 1:
+                # Once the child has let go, a write takes the lock.
+                child, w = map(int, sys.argv[1:])
+                os.close(w)
+                os.waitpid(child, 0)
+                after_exec()
+                fd = os.open(f"/tmp/perf-{os.getpid()}.map", os.O_RDONLY)
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    print("unlocked")
+                except BlockingIOError:
+                    print("locked")
+                sys.exit()
+            before_exec()
+            r, w = os.pipe()
+            child = ctypes.CDLL(None).fork()
+            if child == 0:
+                os.close(w)
+                os.read(r, 1)           # until the exec'd image closes w
+                os._exit(0)
+            os.close(r)
+            os.set_inheritable(w, True)
+            os.execv(sys.executable, [sys.executable, "-X", "perf",
+                                      __file__, str(child), str(w)])
+            """, python_args=["-X", "perf"])
+        self.assertEqual(result.stdout, "locked\n")
+        names = result.script_names()
+        before = "before_exec.<locals>.before_exec_marker"
+        after = "after_exec.<locals>.after_exec_marker"
+        self.assertEqual(names.count(before), 1, names)
+        self.assertEqual(names.count(after), 1, names)
+        self.assertLess(names.index(before), names.index(after))
+
     def map_bytes(self, pid):
         with open(map_path(pid), "rb") as f:
             return f.read()

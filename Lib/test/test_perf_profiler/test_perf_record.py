@@ -1,6 +1,7 @@
 """perf itself, end to end: perf record -g names every Python frame in
 order, with the C frames between them where C calls Python."""
 
+import os
 import signal
 import sys
 import textwrap
@@ -29,9 +30,7 @@ class PerfRecordTests(PerfTestCase):
             [sys.executable, *python_args, path], self.tmpdir,
             check=returncode == 0)
         self.assertEqual(record.returncode, returncode, record.stderr)
-        pids = {int(s.header.split()[0]) for s in samples
-                if s.header.split()[0].isdigit()}
-        for pid in pids:
+        for pid in {s.pid for s in samples} - {None}:
             self.files.add_pid(pid)
         return path, samples
 
@@ -238,6 +237,69 @@ class PerfRecordTests(PerfTestCase):
         self.assertChains(samples, path,
                           ["hot", "Table.method", "Table.__getitem__",
                            "top", "<module>"])
+
+    # spin() appends the stack it runs on (pid, then qualified names,
+    # innermost first) to stacks.txt; child_only and parent_only are made
+    # on either side of the fork, in this file.
+    FORK = """\
+        import os, sys, time
+        def spin(t):
+            names = []
+            frame = sys._getframe()
+            while frame is not None:
+                names.append(frame.f_code.co_qualname)
+                frame = frame.f_back
+            with open("stacks.txt", "a") as f:
+                print(os.getpid(), *names, file=f)
+            end = time.process_time() + t
+            while time.process_time() < end:
+                pass
+        def run(name):
+            exec(compile(f"def {name}(): spin(0.4)\\n{name}()", __file__,
+                         "exec"))
+        spin(0.01)
+        if os.fork() == 0:
+            run("child_only")
+            os._exit(0)
+        os.wait()
+        run("parent_only")
+        """
+
+    def test_forked_child_chain(self):
+        # perf names what a child inherited from the parent's map, where
+        # the parent goes on naming the arena's free slots: the child's
+        # new trampolines must be in memory of its own, named by its map.
+        for copy in ("1", "0"):
+            with self.subTest(perf_fork_copy=copy):
+                path, samples = self.record(
+                    self.FORK, ["-X", "perf", "-X", f"perf_fork_copy={copy}"])
+                seen = {}
+                with open(f"{self.tmpdir}/stacks.txt") as f:
+                    for line in f:
+                        pid, *names = line.split()
+                        seen.setdefault(int(pid), []).append(names)
+                os.unlink(f"{self.tmpdir}/stacks.txt")
+                child = next(pid for pid, stacks in seen.items()
+                             if "child_only" in stacks[0])
+                for pid, stacks in seen.items():
+                    hits = [s for s in samples
+                            if s.pid == pid
+                            and s.python_frames(path)[:1] == ["spin"]]
+                    self.assertGreaterEqual(
+                        len(hits), 20, f"few samples of {pid} in spin")
+                    # Each chain is one the process saw itself (a sample
+                    # taken while a trampoline sets up its frame may lose
+                    # a frame: most, not all).
+                    good = sum(s.python_frames(path) in stacks
+                               for s in hits)
+                    self.assertGreaterEqual(
+                        good, len(hits) // 2,
+                        f"{good} of {len(hits)} samples of {pid} show "
+                        f"{stacks}:\n" + "\n".join(map(str, hits[:3])))
+                for sample in samples:
+                    if sample.pid == child:
+                        self.assertNotIn(f"py::parent_only:{path}",
+                                         sample.frames)
 
 
 if __name__ == "__main__":

@@ -105,8 +105,6 @@ class ForkTests(PerfTestCase):
                                  ["child", self.CHILD_ONLY, "before_fork"])
                 child_entries = result.map_entries(child)
                 self.assertLess(len(child_entries), 30)
-                # (The parent's later trampolines may take the same
-                # addresses as the child's new ones.)
                 parent = result.map_entries()
                 names = [e.qualname for e in parent]
                 inherited = parent[:names.index(self.PARENT_AFTER)]
@@ -114,6 +112,56 @@ class ForkTests(PerfTestCase):
                                  & {e.start for e in child_entries})
                 self.assertEqual(result.script_names(),
                                  self.DEFINED + [self.PARENT_AFTER])
+
+    def test_child_trampolines_outside_parent_arenas(self):
+        # perf names the memory a child inherited from the parent's map,
+        # where the parent goes on naming the free slots of its arena: the
+        # child's new trampolines lie outside every arena the parent had
+        # at the fork, and so at no address of a line of the parent's.
+        # Also in a child of C's fork(), which Python is not told about.
+        script = """\
+            import ctypes, os, sys
+            def run():
+                def new_code():
+                    return 1
+                new_code()
+            with open("/proc/self/maps") as f:
+                fields = [line.split() for line in f]
+            # Executable anonymous mappings: the arenas.
+            arenas = [f[0] for f in fields if f[1] == "r-xp" and len(f) == 5]
+            fork = os.fork if sys.argv[1] == "os" else ctypes.CDLL(None).fork
+            pid = fork()
+            if pid == 0:
+                run()
+                os._exit(0)
+            os.waitpid(pid, 0)
+            run()
+            print(pid, *arenas)
+            """
+        cases = [("os", "1"), ("os", "0"), ("c", "1")]
+        for fork, copy in cases:
+            with self.subTest(fork=fork, perf_fork_copy=copy):
+                result = self.run_script(
+                    script, script_args=[fork],
+                    python_args=["-X", "perf", "-X", f"perf_fork_copy={copy}"])
+                child, *arenas = result.stdout.split()
+                self.files.add_pid(int(child))
+                ranges = [tuple(int(n, 16) for n in arena.split("-"))
+                          for arena in arenas]
+                self.assertTrue(ranges)
+                parent = result.map_entries()
+                names = [e.qualname for e in parent]
+                at_fork = parent[:names.index("run.<locals>.new_code")]
+                new = [e for e in result.map_entries(int(child))
+                       if e not in at_fork]
+                self.assertIn("run.<locals>.new_code",
+                              [e.qualname for e in new])
+                for entry in new:
+                    self.assertFalse(
+                        [r for r in ranges if r[0] <= entry.start < r[1]],
+                        entry)
+                self.assertFalse({e.start for e in new}
+                                 & {e.start for e in parent})
 
     def test_fork_copy_switch_values(self):
         # Only the value 0 turns copying off; a value that is not

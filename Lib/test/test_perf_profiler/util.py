@@ -479,6 +479,13 @@ class Sample(NamedTuple):
     header: str
     frames: list        # symbol names, innermost first ("[unknown]" too)
 
+    @property
+    def pid(self):
+        """The pid the header starts with ("perf script -F pid,..."), or
+        None."""
+        field = self.header.split()[0]
+        return int(field) if field.isdigit() else None
+
     def python_frames(self, filename=None):
         """Qualified names of the py:: frames (only those of `filename`
         if given), innermost first."""
