@@ -30,8 +30,11 @@
  *     truncated          the next line goes at its new end (O_APPEND)
  *     deleted, replaced  lines go on into the file we have open, which
  *                        readers no longer find by name
- *     lines appended     ours follow theirs; a file that ends without a
- *                        newline gets one first, see `torn`
+ *     lines appended     ours follow theirs
+ *
+ * and wherever the file ends inside a line (someone else's, unfinished,
+ * or one cut short), ours start after a newline: every write looks
+ * (_PyPerf_FileAppendLines()).
  *
  * It is never mapped (a store into a mapping of a file that someone cut
  * short is a SIGBUS), never cut back and never holds a NUL byte.
@@ -94,11 +97,9 @@ static struct {
        its own. */
     int inherited;
     /* What goes in before the next line (see finish_line()): the end of
-       one of ours that a failed write cut short, or (`torn`) a newline
-       after a line someone else left unfinished. */
+       one of ours that a failed write cut short. */
     char *rest;
     size_t rest_size;
-    int torn;
     /* Lines are made here (not on the C stack, which may be deep). */
     char lines[LINES_SIZE];
 } perfmap = {.lock = PTHREAD_MUTEX_INITIALIZER, .file = {.fd = -1}};
@@ -175,28 +176,22 @@ drop_rest(void)
     PyMem_RawFree(perfmap.rest);
     perfmap.rest = NULL;
     perfmap.rest_size = 0;
-    perfmap.torn = 0;
 }
 
-/* Before anything else goes in, end the file's last line: with the rest
-   of ours that a failed write (a full disk, a file size limit) cut short,
-   which is never cut back (others may have written after it), or with a
-   newline after someone else's.  Returns 0, or -1 with errno set (what is
-   still to write is kept). */
+/* Before anything else goes in, end our line that a failed write (a full
+   disk, a file size limit) cut short, which is never cut back (others may
+   have written after it).  Returns 0, or -1 with errno set (what is still
+   to write is kept). */
 static int
 finish_line(void)
 {
-    const char *tail = perfmap.rest;
-    size_t size = perfmap.rest_size;
-    if (tail == NULL) {
-        if (!perfmap.torn) {
-            return 0;
-        }
-        tail = "\n";
-        size = 1;
+    if (perfmap.rest == NULL) {
+        return 0;
     }
+    size_t size = perfmap.rest_size;
     size_t written;
-    int res = _PyPerf_FileAppend(&perfmap.file, tail, size, &written);
+    int res = _PyPerf_FileAppend(&perfmap.file, perfmap.rest, size,
+                                 &written);
     if (written == size) {
         drop_rest();
     }
@@ -216,7 +211,7 @@ append(const char *lines, size_t size)
         return -1;
     }
     size_t written;
-    if (_PyPerf_FileAppend(&perfmap.file, lines, size, &written) < 0) {
+    if (_PyPerf_FileAppendLines(&perfmap.file, lines, size, &written) < 0) {
         if (written > 0) {
             /* Kept for finish_line(); without memory for it, the next
                line at least starts on a line of its own. */
@@ -225,7 +220,6 @@ append(const char *lines, size_t size)
                 memcpy(perfmap.rest, lines + written, size - written);
                 perfmap.rest_size = size - written;
             }
-            perfmap.torn = 1;
         }
         return -1;
     }
@@ -251,28 +245,6 @@ append_lines(char *lines, size_t size, void *Py_UNUSED(arg))
         pos += n;
     }
     return kept > 0 ? append(lines, kept) : 0;
-}
-
-/* Open `path`, keeping what this process wrote before an exec. */
-static int
-start_file(const char *path)
-{
-    if (_PyPerf_FileOpen(&perfmap.file, path, _PyPerf_FILE_KEEP) < 0) {
-        return -1;
-    }
-    if (perfmap.file.size > 0) {
-        /* The image before was killed while writing a line, or wrote one
-           of someone else's that had no newline: ours start after one. */
-        char last;
-        ssize_t n = pread(perfmap.file.fd, &last, 1, perfmap.file.size - 1);
-        if (n < 0) {
-            _PyPerf_FileForget(&perfmap.file);
-            return -1;
-        }
-        /* (0: someone emptied it meanwhile.) */
-        perfmap.torn = (n == 1 && last != '\n');
-    }
-    return 0;
 }
 
 /* Let go of the file: the parent's (a child), or one opened again by
@@ -311,7 +283,8 @@ open_map(char *path, size_t path_size)
         }
         forget_file();
     }
-    return start_file(path);
+    /* Keeping what this process wrote before an exec. */
+    return _PyPerf_FileOpen(&perfmap.file, path, _PyPerf_FILE_KEEP);
 }
 
 /* ----------------------------------------------------------------------

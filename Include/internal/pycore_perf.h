@@ -508,6 +508,9 @@ typedef struct {
     dev_t dev;
     ino_t ino;
     off_t size;                 /* bytes at open, plus those appended */
+    /* The file's size after our last write of lines, or 0 if not known
+       (see _PyPerf_FileAppendLines). */
+    off_t lines_end;
     char path[64];
 } _PyPerf_File;
 
@@ -522,6 +525,10 @@ extern int _PyPerf_FileOpen(_PyPerf_File *file, const char *path,
    what went in, also when it fails part way: that is never cut back. */
 extern int _PyPerf_FileAppend(_PyPerf_File *file, const void *buf,
                               size_t size, size_t *written);
+/* The same for whole lines (a perf map's): they start on a line of their
+   own, after a newline if the file ends inside someone else's line. */
+extern int _PyPerf_FileAppendLines(_PyPerf_File *file, const char *lines,
+                                   size_t size, size_t *written);
 extern void _PyPerf_FileMarkEnd(_PyPerf_File *file);
 extern int _PyPerf_FileOpenReadOnly(const _PyPerf_File *file);
 extern int _PyPerf_FileDetach(_PyPerf_File *file, _PyPerf_File *parent);

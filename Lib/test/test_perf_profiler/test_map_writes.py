@@ -478,6 +478,73 @@ class OtherWritersTests(PerfTestCase):
                          (0, "survived\n", ""))
         self.assertEqual(result.script_names(), ["later.<locals>.after"])
 
+    # Waits for a line on stdin, then makes new functions: one named on
+    # its first call (a write of one line), then a module and what it
+    # defines (one write of three lines).
+    WAITS = """\
+        import sys
+        def later():
+            def after():
+                return 1
+            after()
+        print("ready", flush=True)
+        sys.stdin.readline()
+        later()
+        exec("def one():\\n    pass\\ndef two():\\n    pass\\none()", {})
+        """
+
+    def check_new_lines_after(self, other_writer):
+        """Run WAITS with -X perf, calling other_writer(path) on its map
+        while it waits; check that every line of the map parses and that
+        each new function has a line of its own.  Returns the entries."""
+        path = write_script(self.tmpdir, self.WAITS)
+        proc = subprocess.Popen(
+            [sys.executable, "-X", "perf", path], stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE, env=clean_env(), cwd=self.tmpdir)
+        self.files.add_pid(proc.pid)
+        with proc:
+            self.assertEqual(proc.stdout.readline(), b"ready\n")
+            other_writer(map_path(proc.pid))
+            out, _ = proc.communicate(b"go\n", TIMEOUT)
+        self.assertEqual((proc.returncode, out), (0, b""))
+        with open(map_path(proc.pid), "rb") as f:
+            self.assertTrue(f.read().endswith(b"\n"))
+        entries = self.assertMapWellFormed(proc.pid)
+        symbols = [e.symbol for e in entries]
+        for symbol in (f"py::later.<locals>.after:{path}",
+                       "py::<module>:<string>", "py::one:<string>",
+                       "py::two:<string>"):
+            self.assertEqual(symbols.count(symbol), 1, symbols[-10:])
+        return entries
+
+    def assertLineOf(self, entries, line):
+        lines = [f"{e.start:x} {e.size:x} {e.symbol}" for e in entries]
+        if line not in lines:
+            self.fail(f"{line!r} is not a line of the map, which ends "
+                      f"{lines[-8:]}")
+
+    def test_line_another_writer_left_unfinished(self):
+        # A tool appending to the map, killed in the middle of its line.
+        def append_unfinished(path):
+            with open(path, "ab") as f:
+                f.write(b"deadbeef 10 py::unfinished")
+        entries = self.check_new_lines_after(append_unfinished)
+        self.assertLineOf(entries, "deadbeef 10 py::unfinished")
+
+    def test_map_cut_in_the_middle_of_a_line(self):
+        cut = []
+        def truncate_mid_line(path):
+            with open(path, "rb") as f:
+                data = f.read()
+            # Halfway into the name of the last line.
+            start = data.rindex(b"\n", 0, len(data) - 1) + 1
+            name = data.index(b" py::", start) + len(b" py::")
+            size = name + (len(data) - name) // 2
+            cut.append(data[start:size].decode())
+            os.truncate(path, size)
+        entries = self.check_new_lines_after(truncate_mid_line)
+        self.assertLineOf(entries, cut[0])
+
     @needs_host("unshare, and a PID namespace of the host's kernel")
     def test_same_pid_in_another_namespace_truncates(self):
         # Two containers sharing /tmp both have a process with pid N: the
