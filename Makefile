@@ -72,7 +72,7 @@ AARCH64_TREE := build/cpython-aarch64
 .PHONY: all build deps deps-test deps-jit tree export dist install test test-fresh demo demo-jit picture nofp release release-nofp stock-release bench clean help
 .PHONY: deps-debian debian install-debian test-debian
 .PHONY: deps-aarch64 aarch64 test-aarch64 test-release deb test-deb deb-fresh
-.PHONY: ext ext-stage
+.PHONY: ext
 
 all: build
 
@@ -104,8 +104,7 @@ help:
 	@echo "make test-regrtest-perf  CPython's whole suite with and without PYTHONPERFSUPPORT=1"
 	@echo "make test-asan  our tests on an ASan/UBSan build, build/cpython-asan"
 	@echo "make test-valgrind  valgrind memcheck of a -X perf workload (needs valgrind)"
-	@echo "make ext        perftramp311 (ext/) for stock 3.11: venvs and wheels in build/ext/"
-	@echo "make ext-stage  copy the shared C sources into ext/shared/ (a standalone ext/)"
+	@echo "make ext        perftramp311 (ext/) for stock 3.11: venvs, wheels and its sdist in build/ext/"
 	@echo "make deps       install the missing Debian packages building and using it need (as root)"
 	@echo "make deps-test  ... and those the tests need (the test targets run it)"
 	@echo "make deps-jit   ... and perf 6.12 in build/perf/, for perf inject --jit (perf >= 6.8)"
@@ -122,14 +121,11 @@ deps-test: deps
 	@tools/install-deps.sh test
 
 # perftramp311, the extension giving stock 3.11.x the same trampolines
-# (ext/): built and installed by pip, offline, for Debian's python3.11
+# (ext/): installed by pip alone, offline, for Debian's python3.11
 # and pyenv's 3.11.x (tools/ext.sh); its tests run in make test.
 ext: deps
 	@tools/install-deps.sh ext
 	@tools/ext.sh
-
-ext-stage:
-	@tools/ext.sh stage-shared $(CURDIR)/ext/shared
 
 # A private perf >= 6.8 (Debian 12: from bookworm-backports) for perf
 # inject --jit, in build/perf/.

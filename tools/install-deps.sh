@@ -48,9 +48,10 @@ PACKAGES=(build-essential pkg-config autoconf2.69 git patch libffi-dev zlib1g-de
           systemtap-sdt-dev linux-perf binutils gdb)
 # The arm64 cross compiler and the emulator that runs its output.
 CROSS_PACKAGES=(gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user-static)
-# perftramp311 built and installed as a Debian user would: headers, a venv
-# with Debian's pip, setuptools and wheel (tools/ext.sh).
-EXT_PACKAGES=(python3.11-dev python3-venv python3-setuptools python3-wheel)
+# perftramp311 built and installed as a Debian user would: the headers,
+# the venv module with its pip (tools/ext.sh); the compiler is
+# build-essential.
+EXT_PACKAGES=(python3.11-dev python3.11-venv)
 MODE=${1:-}
 case $MODE in
 "" | jit) ;;

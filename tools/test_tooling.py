@@ -5,6 +5,8 @@ never touched, and never write to the repository: the throwaway tree is
 assembled from the repository itself, so exporting it must change nothing.
 """
 
+import base64
+import glob
 import hashlib
 import json
 import os
@@ -13,9 +15,11 @@ import shlex
 import shutil
 import subprocess
 import sys
+import tarfile
 import tempfile
 import textwrap
 import unittest
+import zipfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOOLS = os.path.join(ROOT, "tools")
@@ -247,9 +251,12 @@ class ProbeMixin:
         probe()
         """
 
-    def probe_names(self, python, *options, activate=False):
-        """Run `python <options> PROBE [activate]`; return the names its
-        perf map gives to the probe's functions."""
+    def probe_names(self, python, *options, activate=False, jit=False,
+                    env=None):
+        """Run `python <options> PROBE [activate]` with the changes `env`
+        to the environment; return the names its perf map (`jit`: its
+        jitdump) gives to the probe's functions."""
+        from test.test_perf_profiler.jitlib import CodeLoad, read_jitdump
         from test.test_perf_profiler.util import (
             TIMEOUT, ProfilerFiles, clean_env, read_map, write_script)
         with tempfile.TemporaryDirectory() as tmp:
@@ -260,13 +267,20 @@ class ProbeMixin:
             files = ProfilerFiles(markers=[tmp])
             proc = subprocess.Popen(args, stdout=subprocess.PIPE,
                                     stderr=subprocess.PIPE, text=True,
-                                    env=clean_env())
+                                    env=clean_env(**(env or {})))
             files.add_pid(proc.pid)
             try:
                 _, stderr = proc.communicate(timeout=TIMEOUT)
                 self.assertEqual(proc.returncode, 0, stderr)
-                return [entry.qualname for entry in read_map(proc.pid)
-                        if entry.filename == script]
+                if not jit:
+                    return [entry.qualname for entry in read_map(proc.pid)
+                            if entry.filename == script]
+                # A jitdump's names are "py::QUALNAME:FILENAME".
+                suffix = ":" + script
+                return [record.name[4:-len(suffix)]
+                        for record in read_jitdump(proc.pid)[1]
+                        if isinstance(record, CodeLoad)
+                        and record.name.endswith(suffix)]
             finally:
                 files.cleanup()
 
@@ -400,6 +414,131 @@ class PyenvTests(ProbeMixin, ScratchTestCase):
     def test_pyenv_python_names_python_functions(self):
         self.assertIn("probe", self.probe_names(self.python, "-X", "perf"))
         self.assertIn("probe", self.probe_names(self.python, activate=True))
+
+
+def stock_pythons():
+    """(name, path) of the stock 3.11 interpreters make ext builds for:
+    Debian's python3.11, and pyenv's 3.11.x where pyenv has one."""
+    pythons = [("debian", "/usr/bin/python3.11")]
+    root = os.environ.get("PYENV_ROOT") or os.path.expanduser("~/.pyenv")
+    for path in sorted(glob.glob(os.path.join(
+            root, "versions", "3.11.*", "bin", "python3.11"))):
+        pythons.append(("pyenv-" + path.split(os.sep)[-3], path))
+    return pythons
+
+
+class ExtInstallTests(ProbeMixin, ScratchTestCase):
+    """perftramp311 (ext/) installed as the README says, `pip install
+    ./ext`: with the interpreter's own pip alone and offline (--no-index),
+    into fresh venvs of every stock 3.11 here, with and without
+    --system-site-packages; its wheel; its sdist, built standalone."""
+
+    @classmethod
+    def prepare(cls):
+        cls.pythons = stock_pythons()
+        if not os.access(cls.pythons[0][1], os.X_OK):
+            raise AssertionError(f"{cls.pythons[0][1]} is missing "
+                                 f"(make deps-test installs it)")
+
+    def venv(self, python, name, *options):
+        """A fresh venv of `python`, its interpreter's path."""
+        path = os.path.join(self.tmp, name)
+        must_succeed(subprocess.run([python, "-m", "venv", *options, path],
+                                    capture_output=True, text=True))
+        return os.path.join(path, "bin", "python")
+
+    def pip(self, python, *args):
+        """pip, run in the repository, offline, no PIP_* settings of
+        ours."""
+        env = {name: value for name, value in os.environ.items()
+               if not name.startswith(("PIP_", "PYTHON"))}
+        return subprocess.run([python, "-m", "pip", *args, "--no-index"],
+                              cwd=ROOT, capture_output=True, text=True,
+                              env=env)
+
+    def assert_names_probe(self, python):
+        """The installed package names the probe: in a jitdump with
+        PYTHONPERFSUPPORT=1, in a perf map with --backend perf."""
+        self.assertIn("probe", self.probe_names(
+            python, jit=True, env={"PYTHONPERFSUPPORT": "1"}))
+        self.assertIn("probe", self.probe_names(
+            python, "-m", "perftramp311", "--backend", "perf"))
+
+    def test_pip_install_offline_in_fresh_venvs(self):
+        for name, python in self.pythons:
+            for options in ((), ("--system-site-packages",)):
+                with self.subTest(python=name, options=options):
+                    venv = self.venv(python, f"{name}{len(options)}",
+                                     *options)
+                    proc = self.pip(venv, "install", "./ext")
+                    self.assertEqual(proc.returncode, 0, proc.stderr)
+                    self.assert_names_probe(venv)
+
+    def test_wheel_contents(self):
+        python = self.venv(self.pythons[0][1], "wheel")
+        dist = os.path.join(self.tmp, "dist")
+        must_succeed(self.pip(python, "wheel", "--no-deps", "-w", dist,
+                              "./ext"))
+        suffix, tag = subprocess.run(
+            [python, "-c", "import sys, sysconfig; print(sysconfig."
+             "get_config_var('EXT_SUFFIX'), sysconfig.get_platform())"],
+            capture_output=True, text=True, check=True).stdout.split()
+        tag = "cp311-cp311-" + tag.replace("-", "_")
+        [wheel] = os.listdir(dist)
+        self.assertRegex(wheel, rf"^perftramp311-[\d.]+-{tag}\.whl$")
+        info = "-".join(wheel.split("-")[:2]) + ".dist-info"
+        tools = os.path.join(ROOT, "Lib", "perf_trampoline")
+        expected = {"perftramp311.pth", "perftramp311/__init__.py",
+                    "perftramp311/__main__.py", f"perftramp311/_core{suffix}",
+                    *(f"perf_trampoline/{name}" for name in os.listdir(tools)
+                      if name.endswith(".py")),
+                    *(f"{info}/{name}" for name in (
+                        "METADATA", "WHEEL", "RECORD", "top_level.txt",
+                        "LICENSE"))}
+        with zipfile.ZipFile(os.path.join(dist, wheel)) as z:
+            self.assertEqual(set(z.namelist()), expected)
+            files = {name: z.read(name) for name in expected}
+        with open(os.path.join(ROOT, "ext", "perftramp311.pth"), "rb") as f:
+            self.assertEqual(files["perftramp311.pth"], f.read())
+        # Not pure: the package goes to platlib, the .pth to its root.
+        self.assertIn(f"Root-Is-Purelib: false\nTag: {tag}\n",
+                      files[f"{info}/WHEEL"].decode())
+        # RECORD: every other file, with its hash and size.
+        record = {}
+        for line in files[f"{info}/RECORD"].decode().splitlines():
+            name, digest, size = line.rsplit(",", 2)
+            record[name] = (digest, size)
+        self.assertEqual(record.pop(f"{info}/RECORD"), ("", ""))
+        self.assertEqual(set(record), expected - {f"{info}/RECORD"})
+        for name, (digest, size) in record.items():
+            data = files[name]
+            want = base64.urlsafe_b64encode(
+                hashlib.sha256(data).digest()).decode().rstrip("=")
+            self.assertEqual((digest, size), (f"sha256={want}",
+                                              str(len(data))), name)
+
+    def test_sdist_installs_standalone(self):
+        name, python = self.pythons[-1]
+        dist = os.path.join(self.tmp, "sdist")
+        os.mkdir(dist)
+        # The hook pip would call; pip itself makes no sdists.
+        proc = subprocess.run(
+            [python, "-I", "-c", "import sys; sys.path.insert(0, 'ext'); "
+             "import perftramp311_build as b; print(b.build_sdist("
+             "sys.argv[1]))", dist], cwd=ROOT, capture_output=True,
+            text=True)
+        must_succeed(proc)
+        sdist = os.path.join(dist, proc.stdout.strip())
+        with tarfile.open(sdist) as tar:
+            names = {member.name.split("/", 1)[1] for member in tar}
+        for staged in ("shared/perf_trampoline.c", "shared/asm_trampoline.S",
+                       "shared/pycore_perf.h", "perf_trampoline/_record.py",
+                       "perftramp311/_core.c", "PKG-INFO"):
+            self.assertIn(staged, names)
+        venv = self.venv(python, "from-sdist")
+        proc = self.pip(venv, "install", sdist)
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        self.assert_names_probe(venv)
 
 
 def dpkg_newer(a, b):

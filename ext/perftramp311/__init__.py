@@ -19,6 +19,7 @@ import os
 import sys
 
 __all__ = ["activate", "deactivate", "is_active", "status", "REFUSED"]
+__version__ = "1.0"
 
 #: Why this interpreter cannot have the extension's trampolines (one
 #: line), or None.
