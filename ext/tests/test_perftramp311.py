@@ -14,6 +14,7 @@ import glob
 import os
 import re
 import shutil
+import signal
 import struct
 import subprocess
 import sys
@@ -391,6 +392,123 @@ class TestStockInterpreter(FilesMixin, unittest.TestCase):
         self.assertIn("perf trampolines built in", proc.stderr)
 
 
+class TestCommandLine(unittest.TestCase):
+    """python3.11 -m perftramp311: help, versions and every mistake said
+    in a line or two, never a traceback; record stops before perf."""
+
+    def setUp(self):
+        tmp = tempfile.TemporaryDirectory()
+        self.addCleanup(tmp.cleanup)
+        self.tmp = tmp.name
+        # A perf that says its version and logs what it was asked.
+        self.perf_log = os.path.join(self.tmp, "perf.log")
+        self.perf = os.path.join(self.tmp, "perf")
+        with open(self.perf, "w") as f:
+            f.write(f'#!/bin/sh\necho "$1" >> {self.perf_log}\n'
+                    f'echo "perf version 6.12.0"\n')
+        os.chmod(self.perf, 0o755)
+
+    def main(self, *args):
+        return run(["-m", "perftramp311", *args], cwd=self.tmp,
+                   env=environment(PERF=self.perf))
+
+    def perf_asked(self):
+        try:
+            with open(self.perf_log) as f:
+                return f.read().split()
+        except FileNotFoundError:
+            return []
+
+    def assert_error(self, proc, line, usage=False):
+        """Exit status 2, `line` the last line of stderr (after a usage
+        line if `usage`), nothing on stdout."""
+        self.assertEqual(proc.returncode, 2, proc.stderr)
+        self.assertEqual(proc.stdout, "")
+        lines = proc.stderr.splitlines()
+        self.assertEqual(lines[-1], line)
+        self.assertEqual(len(lines), 2 if usage else 1, proc.stderr)
+        if usage:
+            self.assertRegex(lines[0], r"^usage: python3\.11 -m perftramp311 ")
+
+    def test_help(self):
+        for args, usage in ((["--help"], "[options] PROGRAM"),
+                            (["record", "--help"], "record [options]")):
+            with self.subTest(args=args):
+                proc = self.main(*args)
+                self.assertEqual(proc.returncode, 0, proc.stderr)
+                self.assertEqual(proc.stderr, "")
+                self.assertTrue(proc.stdout.startswith(
+                    "usage: python3.11 -m perftramp311 " + usage),
+                    proc.stdout)
+
+    def test_version(self):
+        proc = self.main("--version")
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        self.assertEqual(proc.stdout, "perftramp311 %s on Python %s\n" % (
+            perftramp311.__version__, sys.version.split()[0]))
+
+    def test_usage_errors(self):
+        prog = "python3.11 -m perftramp311"
+        for args, error in (
+                (["--bakend", "perf", "app.py"],
+                 f"{prog}: error: unrecognized arguments: --bakend"),
+                (["--backend", "perfmap", "app.py"],
+                 f"{prog}: error: argument --backend: invalid choice: "
+                 f"'perfmap' (choose from 'perf_jit', 'perf')"),
+                (["-m"], f"{prog}: error: argument -m: expected one "
+                         f"argument"),
+                ([], f"{prog}: error: give the program to run: app.py, "
+                     f"-m MODULE or -c COMMAND"),
+                (["record", "-F", "0", "app.py"],
+                 f"{prog} record: error: -F HZ must be a positive number"),
+                (["record", "--ouput", "x", "app.py"],
+                 f"{prog} record: error: unrecognized arguments: --ouput")):
+            with self.subTest(args=args):
+                self.assert_error(self.main(*args), error, usage=True)
+        self.assertEqual(self.perf_asked(), [])
+
+    def test_missing_program(self):
+        missing = os.path.join(self.tmp, "nosuch.py")
+        for args, error in (
+                (["nosuch.py"], f"can't open file {missing!r}: No such "
+                                f"file or directory"),
+                (["-m", "nosuch_module"], "no module named 'nosuch_module'"),
+                (["record", "-o", "out", "nosuch.py"],
+                 f"can't open file {missing!r}: No such file or "
+                 f"directory"),
+                (["record", "-o", "out", "-m", "nosuch_module"],
+                 "no module named 'nosuch_module'")):
+            with self.subTest(args=args):
+                self.assert_error(self.main(*args), "perftramp311: " + error)
+        # Before perf, and before the output directory.
+        self.assertEqual(self.perf_asked(), [])
+        self.assertFalse(os.path.exists(os.path.join(self.tmp, "out")))
+
+    def test_record_output_not_a_directory(self):
+        with open(os.path.join(self.tmp, "file"), "w"):
+            pass
+        out = os.path.join(self.tmp, "file", "out")
+        self.assert_error(
+            self.main("record", "-o", out, "-c", "pass"),
+            f"perftramp311: cannot create {out}: {os.path.dirname(out)}: "
+            f"Not a directory; name another directory with -o DIR")
+        self.assertEqual(self.perf_asked(), ["version"])
+
+    def test_record_keeps_earlier_recording(self):
+        out = os.path.join(self.tmp, "out")
+        os.mkdir(out)
+        data = os.path.join(out, "perf.data")
+        with open(data, "w") as f:
+            f.write("an earlier recording")
+        self.assert_error(
+            self.main("record", "-o", out, "-c", "pass"),
+            f"perftramp311: {out} holds a perf.data already: name another "
+            f"directory with -o, or overwrite it with --force")
+        with open(data) as f:
+            self.assertEqual(f.read(), "an earlier recording")
+        self.assertEqual(self.perf_asked(), ["version"])
+
+
 class TestPerfDwarf(FilesMixin, unittest.TestCase):
     """perf names leaf <- middle <- top, PYTHONPERFSUPPORT=1 the only
     change: perf record --call-graph dwarf, perf inject --jit."""
@@ -433,8 +551,52 @@ class TestPerfDwarf(FilesMixin, unittest.TestCase):
                         "-m", "app"], env=environment(PERF=self.perf),
                        cwd=tmp)
             self.assertEqual(proc.returncode, 0, proc.stderr)
-            injected = os.path.join(out, "perf.jit.data")
+            injected = os.path.join(out, "perf.data")
+            self.assertEqual(proc.stdout, injected + "\n")
             self.assertIn(f"perf report -i {injected}", proc.stderr)
+            self.assert_chains(injected, out)
+
+    def test_record_killed_program(self):
+        # Killed by signal N: 128+N, as a shell and perf_trampoline
+        # record say it; the recording is kept.
+        with tempfile.TemporaryDirectory() as tmp:
+            out = os.path.join(tmp, "out")
+            proc = run(["-m", "perftramp311", "record", "-o", out, "-c",
+                        "import os, signal\n" + PROGRAM
+                        + "os.kill(os.getpid(), signal.SIGKILL)"],
+                       env=environment(PERF=self.perf))
+            self.assertEqual(proc.returncode, 128 + signal.SIGKILL,
+                             proc.stderr)
+            self.assertIn("perftramp311: the program was killed by "
+                          "SIGKILL\n", proc.stderr)
+            injected = os.path.join(out, "perf.data")
+            self.assertEqual(proc.stdout, injected + "\n")
+            self.assert_chains(injected, out)
+
+    def test_record_interrupted(self):
+        # Ctrl-C: SIGINT to the terminal's foreground process group.  The
+        # program ends by it, and perf has written what it recorded.
+        with tempfile.TemporaryDirectory() as tmp:
+            out = os.path.join(tmp, "out")
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "perftramp311", "record", "-o", out,
+                 "-c", PROGRAM.replace("top()\n", "")
+                 + "print('ready', flush=True)\nwhile True: top()"],
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                env=environment(PERF=self.perf), start_new_session=True)
+            try:
+                self.assertEqual(proc.stdout.readline(), "ready\n")
+                time.sleep(1)   # samples of the loop, not a timing test
+                os.killpg(proc.pid, signal.SIGINT)
+                stdout, stderr = proc.communicate(timeout=300)
+            finally:
+                if proc.returncode is None:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait()
+            self.assertEqual(proc.returncode, 128 + signal.SIGINT, stderr)
+            self.assertIn("KeyboardInterrupt", stderr)
+            injected = os.path.join(out, "perf.data")
+            self.assertEqual(stdout, injected + "\n")
             self.assert_chains(injected, out)
 
     def test_leaf_middle_top(self):
