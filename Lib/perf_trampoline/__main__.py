@@ -65,9 +65,16 @@ class _Formatter(argparse.RawDescriptionHelpFormatter):
 
 
 def _version():
-    """The patch set's version and the interpreter's, for --version."""
-    return (f"perf trampolines {sys._perf_trampoline_version} on Python "
-            f"{sys.version.split()[0]}")
+    """The patch set's version and the interpreter's, for --version; on a
+    stock 3.11 this package came with perftramp311, whose version it is."""
+    version = getattr(sys, "_perf_trampoline_version", None)
+    if version is None:
+        from importlib import metadata
+        try:
+            version = "perftramp311 " + metadata.version("perftramp311")
+        except metadata.PackageNotFoundError:
+            version = "(none in this Python)"
+    return f"perf trampolines {version} on Python {sys.version.split()[0]}"
 
 
 def _needs_record(argv):

@@ -447,6 +447,17 @@ class TestCommandLine(unittest.TestCase):
         self.assertEqual(proc.stdout, "perftramp311 %s on Python %s\n" % (
             perftramp311.__version__, sys.version.split()[0]))
 
+    def test_tools_installed_beside(self):
+        # perf_trampoline, the operators' tools, comes with the package.
+        proc = run(["-m", "perf_trampoline", "--version"])
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        self.assertEqual(proc.stdout, "perf trampolines perftramp311 %s on "
+                         "Python %s\n" % (perftramp311.__version__,
+                                          sys.version.split()[0]))
+        proc = run(["-m", "perf_trampoline", "--help"])
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        self.assertIn("record", proc.stdout)
+
     def test_usage_errors(self):
         prog = "python3.11 -m perftramp311"
         for args, error in (
