@@ -132,32 +132,26 @@ def record_parser():
 
 
 def _run_perf(perf, out, args):
-    """perf record on the program, as perf_trampoline record runs it:
-    perf in a process group of its own writes into `out` through a
-    descriptor, and record's exec helper moves the program back into ours,
-    so that Ctrl-C reaches the program, never perf (which would end it
-    with SIGTERM); perf ends when the program does, as it did."""
+    """perf record on the program; the CompletedProcess."""
     from perf_trampoline import _record
-    dir_fd = os.dup(out.fd)
-    err_fd = os.dup(2)
-    # Ctrl-C reaches us too: a handler, not SIG_IGN, which the program
-    # would inherit.
+    # Ctrl-C reaches perf and the program, and us: a handler, not SIG_IGN,
+    # which they would inherit, keeps us waiting while perf writes its
+    # data.  (perf_trampoline record keeps perf out of the terminal's
+    # process group with an exec helper; the second exec loses the
+    # Python frames of a shared libpython's process, pyenv's, at random.)
     handler = signal.signal(signal.SIGINT, lambda signum, frame: None)
     try:
-        # -k 1: the jitdump's timestamps are CLOCK_MONOTONIC.
+        # -k 1: the jitdump's timestamps are CLOCK_MONOTONIC.  perf
+        # writes by path: the directory and those above it are checked
+        # already, so no other user can put a link on the way.
         return subprocess.run(
             [perf, "record", "-k", "1", "--call-graph", "dwarf",
              "-e", "cpu-clock", "-F", str(args.freq),
-             "-o", f"/proc/self/fd/{dir_fd}/{_record.RAW_NAME}", "--",
-             sys.executable, "-I", "-S", "-c", _record._EXEC_HELPER,
-             str(os.getpgrp()), str(err_fd), str(dir_fd),
+             "-o", out.join(_record.RAW_NAME),
              sys.executable, *args.program],
-            env=dict(os.environ, PYTHONPERFSUPPORT="1"),
-            pass_fds=(dir_fd, err_fd), process_group=0)
+            env=dict(os.environ, PYTHONPERFSUPPORT="1"))
     finally:
         signal.signal(signal.SIGINT, handler)
-        os.close(dir_fd)
-        os.close(err_fd)
 
 
 def record(argv):
