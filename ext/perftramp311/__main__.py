@@ -30,7 +30,7 @@ PROGRAM is {PROGRAMS}, as for {PROG}.
 Runs perf record -k 1 --call-graph dwarf -e cpu-clock on the program
 (PYTHONPERFSUPPORT=1), then perf inject --jit, which needs perf 6.8 or
 newer ($PERF, else perf on the PATH): DIR/perf.data is ready for perf
-report, and its path is printed on stdout.  DIR (default:
+report, which stderr says; stdout is the program's own.  DIR (default:
 perf-record-YYYYmmdd-HHMMSS here) is checked as perf_trampoline record
 checks it: one holding a perf.data is refused unless --force, as is one
 reached through a symbolic link, or that another user could write in.
@@ -193,7 +193,6 @@ def record(argv):
             return exc.status
         data = out.join(_reports.DATA_NAME)
     print(f"perftramp311: perf report -i {data}", file=sys.stderr)
-    print(data)
     return status
 
 
