@@ -43,16 +43,17 @@
  *
  * Entry.  The PEP 523 frame-evaluation hook, _PyPerf_EvalFrame,
  * runs every frame that goes through _PyEval_EvalFrame via its trampoline
- * while the thread's C stack budget lasts.  Python-to-Python calls do not
+ * while the thread's C stack has room for it.  Python-to-Python calls do not
  * go through it: ceval.c keeps its specialized call instructions while our
  * hook is installed and calls the callee's trampoline directly
  * (_PyPerf_ForCall), falling back to its ordinary inlined call when the
- * budget is used up or unknown, or no trampoline can be had.  Nor do
+ * room is used up or unknown, or no trampoline can be had.  Nor do
  * generators and coroutines resumed by FOR_ITER and SEND: the evaluator
  * runs them through their trampolines itself, where stock 3.11 recurses
  * through gen_send_ex2().  Anything that fails here falls back to
- * _PyEval_EvalFrameDefault: the hook never raises and never changes what
- * the program does.
+ * _PyEval_EvalFrameDefault: the hook never changes what the program does,
+ * but for a RecursionError where the C stack is nearly used up (see "The
+ * C stack").
  *
  * Output.  A backend tells the profiler about each new trampoline: the perf
  * map (/tmp/perf-<pid>.map, Python/perf_map.c) or a jitdump
@@ -108,14 +109,18 @@
    objects they define (see new_nested()). */
 #define MAX_CLASS_NESTING 4
 
-/* Fast-path calls may use at most 1/STACK_BUDGET_DIVISOR of a thread's C
-   stack (each costs a few hundred bytes of it); the rest stays for the
-   program, whose Python-to-Python calls otherwise need no C stack. */
-#define STACK_BUDGET_DIVISOR 4
+/* Trampolines, and the evaluator frames of the calls run through them
+   instead of inline, may hold at most 1/STACK_ROOM_DIVISOR of a thread's
+   C stack at a time (see "The C stack"). */
+#define STACK_ROOM_DIVISOR 25
 
-/* The extension (PY_PERF_EXTENSION) refuses new frames within this many
-   bytes of the bottom of a thread's C stack, at most a quarter of it: room
-   to raise RecursionError, unwind and report it. */
+/* Frames entering the evaluator from C within this many bytes of the
+   bottom of a thread's C stack raise RecursionError: room to raise it,
+   unwind and report it: 1/STACK_RESERVE_DIVISOR of the stack, from
+   STACK_RESERVE_MIN to STACK_RESERVE (the extension, PY_PERF_EXTENSION:
+   STACK_RESERVE), and never more than a quarter of it. */
+#define STACK_RESERVE_DIVISOR 64
+#define STACK_RESERVE_MIN (4 * 1024)
 #define STACK_RESERVE (64 * 1024)
 
 /* Where the template has BTI landing pads, ask for them to be enforced in
@@ -581,26 +586,53 @@ trampoline_for_slow(PyInterpreterState *interp, PyCodeObject *co)
     return assign_trampoline(co, pi, 1);
 }
 
-static int below_budget(uintptr_t sp);
+static int stack_exhausted(PyThreadState *tstate, uintptr_t sp);
+static int may_call_trampoline(uintptr_t sp);
+
+/* Call `eval` through trampoline `t` from a function whose CFA is `cfa`,
+   if the C stack has room for it (see "The C stack"), otherwise `eval`
+   itself.  The extension keeps no account: it cannot run calls inline, so
+   every frame goes through its trampoline, and the call is a tail call. */
+#ifdef PY_PERF_EXTENSION
+#  define CALL_TRAMPOLINE(t, cfa, tstate, frame, throwflag, eval) \
+    return (t)((tstate), (frame), (throwflag), (eval))
+#else
+#  define CALL_TRAMPOLINE(t, cfa, tstate, frame, throwflag, eval) \
+    do { \
+        size_t room; \
+        if (!_PyPerf_TakeRoom(_PyPerf_CALL_COST(cfa), &room)) { \
+            return (eval)((tstate), (frame), (throwflag)); \
+        } \
+        PyObject *res = (t)((tstate), (frame), (throwflag), (eval)); \
+        _PyPerf_stack.room = room; \
+        return res; \
+    } while (0)
+#endif
 
 static Py_NO_INLINE PyObject *
 eval_frame_slow(PyThreadState *tstate, _PyInterpreterFrame *frame,
                 int throwflag, uintptr_t sp)
 {
+    if (stack_exhausted(tstate, sp)) {
+        return NULL;
+    }
     _PyPerf_Trampoline t = NULL;
-    if (!below_budget(sp)) {
+    if (may_call_trampoline(sp)) {
         t = trampoline_for_slow(tstate->interp, frame->f_code);
     }
     if (t == NULL) {
         return _PyEval_EvalFrameDefault(tstate, frame, throwflag);
     }
-    return t(tstate, frame, throwflag, _PyEval_EvalFrameDefault);
+    /* sp is the hook's CFA: what it left on the stack (if it did not
+       tail-call this) is the trampoline call's too. */
+    CALL_TRAMPOLINE(t, sp, tstate, frame, throwflag,
+                    _PyEval_EvalFrameDefault);
 }
 
 /* The PEP 523 hook: run the frame through its code object's trampoline,
-   within the C stack budget (see below_budget()).  The common case is a
-   few loads and a jump to the trampoline; both exits are tail calls, so
-   the hook leaves no frame of its own. */
+   where the C stack allows it (see "The C stack").  The common case is a
+   few loads and a call of the trampoline; the other exits are tail calls,
+   so the hook leaves no frame of its own there. */
 PyObject *
 _PyPerf_EvalFrame(PyThreadState *tstate, _PyInterpreterFrame *frame,
                   int throwflag)
@@ -612,7 +644,7 @@ _PyPerf_EvalFrame(PyThreadState *tstate, _PyInterpreterFrame *frame,
         return NULL;
     }
 #else
-    if (!_PyPerf_WITHIN_BUDGET(sp)) {
+    if (!_PyPerf_ABOVE_RESERVE(sp)) {
         return eval_frame_slow(tstate, frame, throwflag, sp);
     }
 #endif
@@ -621,7 +653,8 @@ _PyPerf_EvalFrame(PyThreadState *tstate, _PyInterpreterFrame *frame,
     if (t == NULL) {
         return eval_frame_slow(tstate, frame, throwflag, sp);
     }
-    return t(tstate, frame, throwflag, _PyEval_EvalFrameDefault);
+    CALL_TRAMPOLINE(t, sp, tstate, frame, throwflag,
+                    _PyEval_EvalFrameDefault);
 }
 
 /* ----------------------------------------------------------------------
@@ -677,25 +710,23 @@ PyObject *
 _PyPerf_EvalFrameChained(PyThreadState *tstate, _PyInterpreterFrame *frame,
                          int throwflag)
 {
-#ifdef PY_PERF_EXTENSION
-    if (_PyPerf_StackExhausted(tstate)) {
+    uintptr_t sp = (uintptr_t)__builtin_dwarf_cfa();
+    if (stack_exhausted(tstate, sp)) {
         return NULL;
     }
-#endif
     perf_interp *pi = find_interp(tstate->interp);
     _PyFrameEvalFunction next = _PyEval_EvalFrameDefault;
     if (pi != NULL && pi->chained != NULL) {
         next = pi->chained;
     }
-    if (below_budget((uintptr_t)__builtin_dwarf_cfa())) {
-        return next(tstate, frame, throwflag);
+    _PyPerf_Trampoline t = NULL;
+    if (may_call_trampoline(sp)) {
+        t = trampoline_for_slow(tstate->interp, frame->f_code);
     }
-    _PyPerf_Trampoline t = trampoline_for_slow(tstate->interp,
-                                               frame->f_code);
     if (t == NULL) {
         return next(tstate, frame, throwflag);
     }
-    return t(tstate, frame, throwflag, next);
+    CALL_TRAMPOLINE(t, sp, tstate, frame, throwflag, next);
 }
 
 _PyFrameEvalFunction
@@ -731,26 +762,41 @@ _PyPerf_ChainEvalFrame(PyInterpreterState *interp,
 }
 
 /* ----------------------------------------------------------------------
- * The fast path's C stack budget
+ * The C stack
  *
- * 3.11 runs Python-to-Python calls without using the C stack.  The fast
- * path puts native frames back on the C stack for every call (the
- * trampoline's and the evaluator's), so it
- * may only be taken while the thread has stack to spare, and only on the
- * thread's own stack: code running on a stack of its own (a fiber made
- * with makecontext, a coroutine library's stack) has a size we cannot
- * know.  Outside the budget the call is inlined as usual (those frames
- * then merge into their caller in a profile, and the program behaves as
- * without perf).  Frames entering the evaluator from C keep to the same
- * budget on the thread's own stack (below_budget()):
+ * 3.11 runs Python-to-Python calls without using the C stack; a recursion
+ * through C (callbacks, __call__, chains of generators) takes an evaluator
+ * frame and the C functions between per level.  Trampolines add to that:
+ * a trampoline's frame (and the hook's) for each frame entering the
+ * evaluator from C, and for a call that the evaluator runs through a
+ * trampoline instead of inline (its records are used up; perf_jit) a
+ * second evaluator frame as well.  So each thread has a room of
+ * 1/STACK_ROOM_DIVISOR of its stack: a call through a trampoline takes
+ * what it adds (_PyPerf_CALL_COST) from the room and puts it back when it
+ * returns, and where the room is used up the frame runs as without perf
+ * (inline, or the evaluator called directly), and merges into its caller
+ * in a profile.  However the calls are shaped and wherever the
+ * trampolines are, the stack never holds more of them than the room: a
+ * recursion that runs out of stack without perf gets as deep less the
+ * room and the reserve below.
+ *
+ * The reserve: a frame entering the evaluator from C there raises
+ * RecursionError (stack_exhausted()), where without perf the program would
+ * go on for those few more bytes, or raise RecursionError at its
+ * recursion limit, or crash.  Neither crash nor recursion limit comes
+ * sooner than with perf off less a tenth of the depth (test_stress).
+ *
+ * Only the thread's own stack counts: code running on a stack of its own
+ * (a fiber made with makecontext, a coroutine library's stack) has a size
+ * we cannot know, and there frames run as without perf.
  *
  *     high  +---------------------+  the thread's stack, from its mapping
- *           | fast path allowed   |  (the main thread's: /proc/self/maps;
- *     limit +---------------------+   other threads': pthread_getattr_np)
- *           | 3/4: the program's  |
+ *           | trampolines, while  |  (the main thread's: /proc/self/maps;
+ *           | they hold no more   |   other threads': pthread_getattr_np)
+ *           | than the room       |
+ *     limit +---------------------+
+ *           | reserve             |  frames from C: RecursionError
  *     low   +---------------------+
- *
- *     sp outside [limit, high): inline.
  */
 
 /* Parse lowercase hex at p (before end); return where it stopped, or NULL
@@ -858,14 +904,29 @@ find_stack(uintptr_t sp)
         high = low + size;
     }
     /* The stack grows down from high. */
+    size_t size = high - low;
     _PyPerf_stack.high = high;
     _PyPerf_stack.low = low;
 #ifdef PY_PERF_EXTENSION
-    /* No fast path: limit is where the guard starts refusing frames. */
-    _PyPerf_stack.limit = low + Py_MIN(STACK_RESERVE, (high - low) / 4);
+    _PyPerf_stack.limit = low + Py_MIN(STACK_RESERVE, size / 4);
 #else
-    _PyPerf_stack.limit = high - (high - low) / STACK_BUDGET_DIVISOR;
+    size_t reserve = Py_MAX(size / STACK_RESERVE_DIVISOR, STACK_RESERVE_MIN);
+    reserve = Py_MIN(reserve, STACK_RESERVE);
+    _PyPerf_stack.limit = low + Py_MIN(reserve, size / 4);
+    _PyPerf_stack.room = size / STACK_ROOM_DIVISOR;
 #endif
+}
+
+static void
+raise_stack_exhausted(void)
+{
+    PyErr_SetString(PyExc_RecursionError,
+                    "maximum recursion depth exceeded: the C stack is "
+                    "exhausted"
+#ifdef PY_PERF_EXTENSION
+                    " (perf trampolines make every Python call a C call)"
+#endif
+                    );
 }
 
 #ifdef PY_PERF_EXTENSION
@@ -891,10 +952,7 @@ stack_exhausted_slow(PyThreadState *tstate, uintptr_t sp)
     if (sp >= stack_guard.limit || sp < stack_guard.low) {
         return 0;
     }
-    PyErr_SetString(PyExc_RecursionError,
-                    "maximum recursion depth exceeded: the C stack is "
-                    "exhausted (perf trampolines make every Python call "
-                    "a C call)");
+    raise_stack_exhausted();
     return 1;
 }
 
@@ -915,28 +973,39 @@ _PyPerf_StackExhausted(PyThreadState *tstate)
 }
 #endif
 
-/* Whether sp lies in this thread's own stack, below the budget.  A frame
-   entering the evaluator from C there (through the hook: a call from C, a
-   generator resumed) runs without its trampoline, as without perf.  In a
-   recursion through C (callbacks, __init__, chains of generators) a
-   trampoline's frame adds RECORD_AREA + 32 bytes to each level, where the
-   smallest level (the evaluator's frame alone) takes about 400 bytes, and
-   the program would crash that much earlier where it runs out of stack.
-   Spent only in the budget, a quarter of that: the deepest recursion
-   through C reaches at least 90% of its depth without perf
-   (test_stress).  Those deepest frames merge into their callers in a
-   profile. */
+/* Set RecursionError and return 1 if sp, where a frame enters the
+   evaluator from C, lies in this thread's reserve. */
 static int
-below_budget(uintptr_t sp)
+stack_exhausted(PyThreadState *tstate, uintptr_t sp)
 {
 #ifdef PY_PERF_EXTENSION
     (void)sp;
-    return 0;           /* its guard is _PyPerf_StackExhausted() */
+    return _PyPerf_StackExhausted(tstate);
 #else
     if (!_PyPerf_stack.known) {
         find_stack(sp);
     }
-    return sp >= _PyPerf_stack.low && sp < _PyPerf_stack.limit;
+    if (sp >= _PyPerf_stack.low && sp < _PyPerf_stack.limit) {
+        raise_stack_exhausted();
+        return 1;
+    }
+    return 0;
+#endif
+}
+
+/* Whether a frame entering the evaluator from C at sp may go through its
+   trampoline (then only if the room allows it: CALL_TRAMPOLINE). */
+static int
+may_call_trampoline(uintptr_t sp)
+{
+#ifdef PY_PERF_EXTENSION
+    (void)sp;
+    return 1;           /* its guard is _PyPerf_StackExhausted() */
+#else
+    if (!_PyPerf_stack.known) {
+        find_stack(sp);
+    }
+    return _PyPerf_ABOVE_RESERVE(sp);
 #endif
 }
 
@@ -946,7 +1015,7 @@ _PyPerf_ForCallSlow(PyThreadState *tstate, PyCodeObject *co, uintptr_t sp)
     if (!_PyPerf_stack.known) {
         find_stack(sp);
     }
-    if (!_PyPerf_WITHIN_BUDGET(sp)) {
+    if (!_PyPerf_ABOVE_RESERVE(sp)) {
         return NULL;
     }
     /* _PyPerf_ForCall() already looked for the main interpreter's. */

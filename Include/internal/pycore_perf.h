@@ -15,7 +15,7 @@ extern "C" {
  *   Python/initconfig.c          -X perf, -X perf_jit and their variables
  *   Python/perf_trampoline.c     the core: activation, arenas and slots,
  *                                names, the eval hook, the CALL fast
- *                                path's stack budget
+ *                                path, the C stack's room
  *   Python/perf_map.c            backend: /tmp/perf-<pid>.map, and
  *                                its C API (PyUnstable_*, for JITs)
  *   Python/perf_jit_trampoline.c backend: /tmp/jit-<pid>.dump (jitdump)
@@ -61,6 +61,11 @@ typedef PyObject *(*_PyPerf_Trampoline)(
 extern char _PyPerf_TemplateStart[];
 extern char _PyPerf_TemplateReturn[];   /* where eval returns to */
 extern char _PyPerf_TemplateEnd[];
+
+/* Bytes from a trampoline's CFA to the CFA of the function it calls, on
+   both architectures: its frame record, the return address and the
+   records' area (_PyPerf_RECORD_AREA, below). */
+#define _PyPerf_TRAMPOLINE_FRAME (_PyPerf_RECORD_AREA + 32)
 
 /* ELF machine numbers of the hosts the template exists for. */
 #define _PyPerf_EM_X86_64 62
@@ -276,13 +281,17 @@ extern _PyPerf_Core _PyPerf_core;
 /* The process is about to exit (also os._exit()). */
 extern void _PyPerf_AtExit(void);
 
-/* The part of this thread's C stack that fast-path calls may use:
-   [limit, high).  Unknown (limit == high == 0) until the thread's first
-   fast-path call; a thread whose stack cannot be found never uses it. */
+/* This thread's C stack (Python/perf_trampoline.c, "The C stack").
+   Trampolines may be called where sp is in [limit, high), and while they
+   add no more than `room` bytes more to it; below limit, frames entering
+   the evaluator from C raise RecursionError.  Unknown (all 0) until the
+   thread's first call through the hook or the fast path; a thread whose
+   stack cannot be found never calls a trampoline. */
 typedef struct {
     uintptr_t limit;
     uintptr_t high;
     uintptr_t low;              /* the lowest address the stack may reach */
+    size_t room;
     int known;
 } _PyPerf_Stack;
 
@@ -336,11 +345,54 @@ _PyPerf_MainTrampoline(PyInterpreterState *interp, PyCodeObject *co)
     return _PyPerf_Lookup(co, _PyPerf_core.main_index);
 }
 
-/* Whether sp, this thread's stack pointer or near it, is within the
-   budget of C stack that trampolines may use (Python/perf_trampoline.c);
-   false also while the thread's stack is not known yet. */
-#define _PyPerf_WITHIN_BUDGET(sp) \
+/* Whether sp, this thread's stack pointer or near it, lies where
+   trampolines may be called (Python/perf_trampoline.c); false also while
+   the thread's stack is not known yet. */
+#define _PyPerf_ABOVE_RESERVE(sp) \
     ((sp) >= _PyPerf_stack.limit && (sp) < _PyPerf_stack.high)
+
+/* Read the register named `x86_64` or `aarch64` into `out`. */
+#if defined(__x86_64__)
+#  define _PyPerf_READ_REG(out, x86_64, aarch64) \
+    __asm__ volatile ("mov %%" x86_64 ", %0" : "=r" (out))
+#else
+#  define _PyPerf_READ_REG(out, x86_64, aarch64) \
+    __asm__ volatile ("mov %0, " aarch64 : "=r" (out))
+#endif
+
+static inline __attribute__((always_inline)) uintptr_t
+_PyPerf_GetSP(void)
+{
+    uintptr_t sp;
+    _PyPerf_READ_REG(sp, "rsp", "sp");
+    return sp;
+}
+
+/* The bytes a call through a trampoline adds to the C stack, made where
+   the calling function's CFA is `cfa`: the trampoline's frame, and a frame
+   the size of the caller's (the caller's own, where it calls the
+   trampoline instead of tail-calling the evaluator; a second evaluator
+   frame, where the evaluator calls it instead of running the call
+   inline). */
+#define _PyPerf_CALL_COST(cfa) \
+    ((uintptr_t)(cfa) - _PyPerf_GetSP() + _PyPerf_TRAMPOLINE_FRAME)
+
+/* Take `cost` bytes of this thread's room before calling a trampoline:
+   returns 0 if fewer are left, otherwise 1 and, in *room, what to put back
+   in _PyPerf_stack.room when the trampoline returns.  Put back, not added
+   back: a stack switched while a trampoline ran (greenlet) returns to the
+   room it left. */
+static inline __attribute__((always_inline)) int
+_PyPerf_TakeRoom(size_t cost, size_t *room)
+{
+    size_t left = _PyPerf_stack.room;
+    if (cost > left) {
+        return 0;
+    }
+    *room = left;
+    _PyPerf_stack.room = left - cost;
+    return 1;
+}
 
 /* The trampoline a Python-to-Python call of `co` goes through, or NULL to
    inline the call as usual.  The common case, the main interpreter calling
@@ -362,7 +414,7 @@ _PyPerf_ForCall(PyThreadState *tstate, PyCodeObject *co)
 #else
     uintptr_t sp = (uintptr_t)__builtin_frame_address(0);
 #endif
-    if (_PyPerf_WITHIN_BUDGET(sp)) {
+    if (_PyPerf_ABOVE_RESERVE(sp)) {
         _PyPerf_Trampoline t = _PyPerf_MainTrampoline(tstate->interp, co);
         if (t != NULL) {
             return t;
@@ -395,7 +447,7 @@ typedef struct _PyPerf_Record {
 #define _PyPerf_RECORD_AREA (_PyPerf_RECORDS * (int)sizeof(_PyPerf_Record))
 
 /* The trampoline a record names `co` by: the main interpreter's, made if
-   need be (no stack budget: a record takes no stack of its own), or
+   need be (no room taken: a record takes no stack of its own), or
    NULL.  An entry goes on keeping records after trampolines are switched
    off in it: its calls then learn that without a call. */
 extern _PyPerf_Trampoline _PyPerf_RecordTrampolineSlow(
@@ -417,11 +469,7 @@ static inline __attribute__((always_inline)) _PyPerf_Record *
 _PyPerf_GetFP(void)
 {
     _PyPerf_Record *fp;
-#  if defined(__x86_64__)
-    __asm__ volatile ("mov %%rbp, %0" : "=r" (fp));
-#  else
-    __asm__ volatile ("mov %0, x29" : "=r" (fp));
-#  endif
+    _PyPerf_READ_REG(fp, "rbp", "x29");
     return fp;
 }
 

@@ -7,6 +7,8 @@ reproduces one way such a feature has failed before and checks the exact
 outcome:
 
 * lowered recursion limit            RecursionTests
+* C stack exhausted sooner than      RecursionTests, CStackTests
+  without perf
 * use-after-free when deactivating   ActivationCycleTests.test_deactivate_*
   while frames still run
 * crash after many cycles            ActivationCycleTests.test_many_cycles
@@ -43,6 +45,7 @@ import unittest
 
 from test import support
 from test.test_perf_profiler import util
+from test.test_perf_profiler.jitlib import NOFP_PYTHON
 from test.test_perf_profiler.stress import (
     PERF, parse_lines, StressTestCase)
 from test.test_perf_profiler.util import clean_env
@@ -313,8 +316,8 @@ class RecursionTests(StressTestCase):
 
         print(overflow_depth())
         sys.setrecursionlimit(120_000)
-        # Deeper than any C stack budget: 3.11 runs Python-to-Python calls
-        # without C stack, and so must we once the budget is spent.
+        # Deeper than any C stack room: 3.11 runs Python-to-Python calls
+        # without C stack, and so must we once the room is used up.
         print(down(100_000))
         print(Chain()[100_000])
         print(overflow_depth())
@@ -506,6 +509,138 @@ class RecursionTests(StressTestCase):
         self.assertEqual(result.stdout.splitlines(), [
             "main thread's fiber 3000", "worker thread's fiber 3000",
             "C thread 3000", "C thread's fiber 3000"])
+
+
+class CStackTests(StressTestCase):
+    # A recursion through C with FRAMES Python frames per level, in a
+    # thread with a 256 KiB stack and in the main thread with 8 MiB.  Perf
+    # off ends in SIGSEGV where the stack runs out, or in RecursionError
+    # at a recursion limit set just short of that.  Trampolines hold no
+    # more than a bounded share of the stack, whatever the shape: -X perf
+    # and -X perf_jit (the build without frame pointers) get at least 90%
+    # as deep and end in RecursionError, never a signal (a C-stack guard
+    # raises it where they run short of stack first).
+    FRAMES = (1, 9, 10, 33, 65)
+    # Under qemu-user a deep recursion takes many times as long: the main
+    # thread gets 1 MiB there.
+    MAIN_STACK = (1 if util.under_qemu() else 8) * 1024 * 1024
+    # No limit: the stack runs out first.
+    NO_LIMIT = 10 ** 8
+
+    SCRIPT = """
+        import mmap, os, resource, sys, threading
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+        frames, where, limit = sys.argv[1], sys.argv[2], int(sys.argv[3])
+        frames = int(frames)
+        sys.setrecursionlimit(limit)
+        with open(sys.argv[4], "r+b") as f:
+            reached = mmap.mmap(f.fileno(), 8)
+        DEPTH = slice(0, 8)
+
+        # Level.__call__, then step_1 ... step_{frames - 1}: the last
+        # calls the next level through C (tp_call).  Each level writes its
+        # number where the test reads it after a crash.  The innermost
+        # level catches the RecursionError: a traceback through every
+        # frame would take longer than the recursion.
+        first = "step_1(self, k)" if frames > 1 else "self(k + 1)"
+        lines = ["class Level:",
+                 "    def __call__(self, k):",
+                 "        reached[DEPTH] = k.to_bytes(8, 'little')",
+                 "        try:",
+                 f"            return {first}",
+                 "        except RecursionError:",
+                 "            return 'RecursionError'"]
+        for i in range(1, frames):
+            call = (f"step_{i + 1}(level, k)" if i + 1 < frames
+                    else "level(k + 1)")
+            lines += [f"def step_{i}(level, k):", f"    return {call}"]
+        exec("\\n".join(lines))
+
+        def run():
+            print(Level()(1), sys.is_stack_trampoline_active())
+
+        if where == "thread":
+            threading.stack_size(256 * 1024)
+            thread = threading.Thread(target=run)
+            thread.start()
+            thread.join()
+        else:
+            run()
+        """
+
+    def run_shape(self, python, args, frames, where, limit):
+        """Run SCRIPT; return how it ended (its output, or the signal's
+        name) and the depth in levels it reached."""
+        import resource
+        soft, hard = resource.getrlimit(resource.RLIMIT_STACK)
+        if hard != resource.RLIM_INFINITY and hard < self.MAIN_STACK:
+            self.skipTest(f"cannot raise RLIMIT_STACK above {hard}")
+        def set_limit():
+            resource.setrlimit(resource.RLIMIT_STACK,
+                               (self.MAIN_STACK, hard))
+        path = util.write_script(self.tmpdir, self.SCRIPT)
+        counter = os.path.join(self.tmpdir, "depth")
+        with open(counter, "wb") as f:
+            f.write(bytes(8))
+        proc = subprocess.Popen(
+            [*util.target_command([python]), *args, path, str(frames),
+             where, str(limit), counter],
+            preexec_fn=set_limit, stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, text=True, env=clean_env(),
+            cwd=self.tmpdir)
+        self.files.add_pid(proc.pid)
+        try:
+            stdout, stderr = proc.communicate(timeout=util.TIMEOUT)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+            raise
+        with open(counter, "rb") as f:
+            depth = int.from_bytes(f.read(), "little")
+        if proc.returncode < 0:
+            return signal.Signals(-proc.returncode).name, depth
+        self.assertEqual((proc.returncode, stderr), (0, ""))
+        return stdout.strip(), depth
+
+    def check_backend(self, python, backend):
+        ratios = []
+        for where in ("thread", "main"):
+            for frames in self.FRAMES:
+                with self.subTest(backend=backend, where=where,
+                                  frames=frames):
+                    ratios.append(
+                        f"{where} {frames}: "
+                        + self.check_shape(python, backend, frames, where))
+        if support.verbose:
+            print(f"\n    -X {backend} depth / perf off's "
+                  "(limit, no limit):\n      " + "\n      ".join(ratios),
+                  file=sys.__stderr__)
+
+    def check_shape(self, python, backend, frames, where):
+        plain, crash_depth = self.run_shape(python, (), frames, where,
+                                            self.NO_LIMIT)
+        self.assertEqual(plain, "SIGSEGV")
+        # Each level counts its Python frames and one C call (tp_call)
+        # against the limit.
+        limit = (frames + 1) * crash_depth * 97 // 100
+        plain, limit_depth = self.run_shape(python, (), frames, where,
+                                            limit)
+        self.assertEqual(plain, "RecursionError False")
+        ratios = []
+        for limit, depth in ((limit, limit_depth),
+                             (self.NO_LIMIT, crash_depth)):
+            outcome, reached = self.run_shape(
+                python, ("-X", backend), frames, where, limit)
+            self.assertEqual(outcome, "RecursionError True")
+            self.assertGreaterEqual(reached, depth * 9 / 10)
+            ratios.append(f"{reached / depth:.3f}")
+        return " ".join(ratios)
+
+    def test_perf(self):
+        self.check_backend(sys.executable, "perf")
+
+    def test_perf_jit(self):
+        self.check_backend(NOFP_PYTHON, "perf_jit")
 
 
 # ----------------------------------------------------------------------
