@@ -512,6 +512,24 @@ _PyPerf_PopRecord(void)
 #  endif
 }
 
+/* A return address as the calling code holds it: on arm64 without the
+   pointer authentication code that a function built with
+   -mbranch-protection adds to its saved x30 (the trampoline's own copy of
+   the address is plain).  Whether __builtin_return_address() strips it is
+   up to the compiler, so it is stripped here: xpaclri, a hint (a nop
+   without PAC), works on x30 only, and leaves a plain address as it is. */
+static inline __attribute__((always_inline)) void *
+_PyPerf_CodeAddress(void *ret)
+{
+#  if defined(__aarch64__)
+    register void *x30 __asm__("x30") = ret;
+    __asm__ ("hint #7" : "+r" (x30));       /* xpaclri */
+    return x30;
+#  else
+    return ret;
+#  endif
+}
+
 /* The record naming the trampoline that called the evaluator entry whose
    CFA and return address these are, or NULL if no trampoline called it
    (see Python/asm_trampoline.S).  The trampoline left the frame pointer at
@@ -519,7 +537,7 @@ _PyPerf_PopRecord(void)
    that, which this fills in. */
 #  define _PyPerf_TRAMPOLINE_RECORD(CFA, RET) \
     ((char *)_PyPerf_GetFP() == (char *)(CFA) + _PyPerf_RECORD_AREA + 16 \
-     && ((void **)_PyPerf_GetFP())[-1] == (RET) \
+     && ((void **)_PyPerf_GetFP())[-1] == _PyPerf_CodeAddress(RET) \
      ? _PyPerf_NameTrampoline(_PyPerf_GetFP()) : NULL)
 
 static inline _PyPerf_Record *

@@ -128,9 +128,9 @@ FRAME_POINTER = {"x86_64": "$rbp", "aarch64": "$x29"}
 ADDRESS_MASK = {"x86_64": (1 << 64) - 1, "aarch64": (1 << 48) - 1}
 
 # Run by gdb at the breakpoint: the pc, then each frame record's return
-# address, as perf's frame-pointer unwinder collects them.  Callers' frames
-# are at higher addresses: the walk stops at a null, a downward or an
-# unreadable frame pointer.
+# address, as perf's frame-pointer unwinder collects them, and where the
+# record is.  Callers' frames are at higher addresses: the walk stops at a
+# null, a downward or an unreadable frame pointer.
 WALK = """\
 import struct
 inferior = gdb.selected_inferior()
@@ -142,7 +142,7 @@ for _ in range(1000):
         next_fp, ret = struct.unpack("<QQ", inferior.read_memory(fp, 16))
     except gdb.MemoryError:
         break
-    print("IP", ret & {mask})
+    print("IP", ret & {mask}, fp)
     if next_fp <= fp:
         break
     fp = next_fp
@@ -222,24 +222,31 @@ class FramePointerWalkTests(PerfTestCase):
         """Stop in BREAKPOINT, walk the frame records; return (the Python
         functions of the script in the chain, innermost first, gdb's
         output).  Under qemu, the CPU model may be given."""
+        frames, output = self.walk_records(extra, qemu_cpu)
+        return [name for name, _ in frames], output
+
+    def walk_records(self, extra=(), qemu_cpu=None):
+        """As walk_to_python(), with the address of the frame record that
+        names each function: [(name, address)], innermost first."""
         if under_qemu():
             pid, output = self.run_under_qemu(extra, qemu_cpu)
         else:
             pid, output = self.run_native(extra)
         self.files.add_pid(pid)
         self.assertIn("Breakpoint 1, ", output)
-        addresses = [int(line.split()[1]) for line in output.splitlines()
-                     if line.startswith("IP ")]
-        self.assertGreater(len(addresses), 1, output)
+        # "IP <pc>", then "IP <return address> <record address>".
+        walk = [[*map(int, line.split()[1:]), None][:2]
+                for line in output.splitlines() if line.startswith("IP ")]
+        self.assertGreater(len(walk), 1, output)
         entries = read_map(pid)
-        names = []
-        for address in addresses:
+        frames = []
+        for address, record in walk:
             for entry in entries:
                 if entry.start <= address < entry.start + entry.size:
                     if entry.filename == self.script:
-                        names.append(entry.qualname)
+                        frames.append((entry.qualname, record))
                     break
-        return names, output
+        return frames, output
 
     def test_frame_records_reach_every_python_function(self):
         names, output = self.walk_to_python()
@@ -261,6 +268,23 @@ class FramePointerWalkTests(PerfTestCase):
         self.script = write_script(self.tmpdir, SCRIPT_LEFT, "left.py")
         names, output = self.walk_to_python()
         self.assertEqual(names, ["final", "level1", "<module>"], output)
+
+    @unittest.skipUnless(INLINED_CALLS, "every Python call enters the "
+                         "evaluator through its trampoline in this build")
+    def test_calls_run_inline_under_the_trampoline(self):
+        # The evaluator runs level1-3 inline, each named by a record right
+        # below its caller's, only if it knew that <module>'s trampoline
+        # called it: the address it returns to must be the one the
+        # trampoline left below its frame record.  On arm64 the evaluator
+        # signs its return address (qemu's "max" CPU has PAC), and the
+        # comparison must leave the code out.  Otherwise each call enters
+        # the evaluator again: records far apart, or none.
+        frames, output = self.walk_records()
+        self.assertEqual([name for name, _ in frames],
+                         ["level3", "level2", "level1", "<module>"], output)
+        innermost = frames[0][1]
+        self.assertEqual([record - innermost for _, record in frames],
+                         [0, 16, 32, 48], output)
 
     def test_gdb_backtrace_reaches_main(self):
         # gdb reads the trampolines' unwind rules from the JIT images the
