@@ -3,6 +3,7 @@ unwinding or run perf inject): the jitdump parsed, perf inject's ELF
 rebuilt, the unwind tables decoded and compared with the template's
 instructions, and the perf that can run the perf_jit workflow."""
 
+import glob
 import os
 import platform
 import re
@@ -579,6 +580,39 @@ def perf_version():
         return None
     match = re.match(r"perf version (\d+)\.(\d+)", proc.stdout)
     return (int(match.group(1)), int(match.group(2))) if match else None
+
+
+def jitted_files(pid):
+    """The ELF files perf inject --jit wrote for process `pid`'s code,
+    beside its dump."""
+    return glob.glob(os.path.join(os.path.dirname(jitdump_path(pid)),
+                                  f"jitted-{pid}-*.so"))
+
+
+def record_jit(args, directory, *, env, stack_dump=8192,
+               fields=("-F", "comm,pid,ip,sym")):
+    """The perf_jit workflow: run `args` under perf record --call-graph
+    dwarf (perf copies `stack_dump` bytes of stack per sample: deeper
+    frames cannot be unwound), perf inject --jit, perf script `fields`.
+    Files go to `directory` (perf inject's build-id cache too, not
+    ~/.debug).  Returns the three CompletedProcesses; one that failed
+    ends the workflow (None for the steps after it)."""
+    data = os.path.join(directory, "perf.data")
+    injected = os.path.join(directory, "perf.jit.data")
+    perf = [PERF, "--buildid-dir", os.path.join(directory, "debug")]
+    record = run([*perf, "record", "-q", "--no-buildid-cache", "-k", "1",
+                  "-e", "cpu-clock", "-F", "999",
+                  "--call-graph", f"dwarf,{stack_dump}", "-o", data,
+                  "--", *args], cwd=directory, env=env)
+    if record.returncode != 0:
+        return record, None, None
+    inject = run([*perf, "inject", "--jit", "-i", data, "-o", injected],
+                 cwd=directory, env=env)
+    if inject.returncode != 0:
+        return record, inject, None
+    script = run([*perf, "script", "-i", injected, *fields],
+                 cwd=directory, env=env, stderr=subprocess.DEVNULL)
+    return record, inject, script
 
 
 def perf_jit_skip_reason():

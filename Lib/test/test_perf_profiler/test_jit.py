@@ -22,11 +22,9 @@ variable PERF may name the perf binary; default: "perf" on PATH).
 """
 
 import errno
-import glob
 import os
 import platform
 import shutil
-import subprocess
 import sysconfig
 import tempfile
 import textwrap
@@ -34,10 +32,11 @@ import time
 import unittest
 
 from test.test_perf_profiler.jitlib import (
-    NOFP_PYTHON, PERF, TEMPLATE_SOURCE, EM_X86_64, EM_AARCH64, HOST_MACHINE,
+    NOFP_PYTHON, TEMPLATE_SOURCE, EM_X86_64, EM_AARCH64, HOST_MACHINE,
     TOOL_PREFIX, run, gnu_tool, JITDUMP_MAGIC, HEADER, CodeLoad, Unwinding,
     parse_jitdump, read_jitdump, disassemble_functions, unwind_info_from_c,
-    running_template, UnwindCheck, perf_jit_skip_reason)
+    running_template, UnwindCheck, perf_jit_skip_reason, record_jit,
+    jitted_files)
 from test.test_perf_profiler.util import (
     PerfTestCase, clean_env, jitdump_path, map_written_since, needs_host,
     parse_perf_script, skip_environment, write_script)
@@ -513,33 +512,18 @@ class PerfJitWorkflowTests(JitTestCase):
         first) and the script's path.  perf copies `stack_dump` bytes of
         stack per sample: deeper frames cannot be unwound."""
         path = write_script(self.tmpdir, source)
-        data = os.path.join(self.tmpdir, "perf.data")
-        injected = os.path.join(self.tmpdir, "perf.jit.data")
-        # perf inject caches the build ids of the ELF files it writes:
-        # keep that cache in the test's directory, not in ~/.debug.
-        perf = [PERF, "--buildid-dir", os.path.join(self.tmpdir, "debug")]
-        env = clean_env()
-        record = run([*perf, "record", "-q", "--no-buildid-cache", "-k", "1",
-                      "-e", "cpu-clock", "-F", "999",
-                      "--call-graph", f"dwarf,{stack_dump}", "-o", data,
-                      "--", NOFP_PYTHON, "-X", "perf_jit", path],
-                     cwd=self.tmpdir, env=env)
+        record, inject, shown = record_jit(
+            [NOFP_PYTHON, "-X", "perf_jit", path], self.tmpdir,
+            env=clean_env(), stack_dump=stack_dump)
         pid = int(record.stdout.split()[0])
         self.files.add_pid(pid)
         self.addCleanup(self.remove_jitted, pid)
         self.assertEqual(record.returncode, 0, record.stderr)
-
-        inject = run([*perf, "inject", "--jit", "-i", data, "-o", injected],
-                     cwd=self.tmpdir, env=env)
         self.assertEqual(inject.returncode, 0, inject.stderr)
         # perf inject writes one ELF per code load beside the dump.
         _, records = read_jitdump(pid)
         loads = sum(isinstance(r, CodeLoad) for r in records)
-        self.assertEqual(len(self.jitted(pid)), loads)
-
-        shown = run([*perf, "script", "-i", injected,
-                     "-F", "comm,pid,ip,sym"],
-                    cwd=self.tmpdir, env=env, stderr=subprocess.DEVNULL)
+        self.assertEqual(len(jitted_files(pid)), loads)
         self.assertEqual(shown.returncode, 0)
         return [sample.python_frames(path)
                 for sample in parse_perf_script(shown.stdout)], path
@@ -592,13 +576,8 @@ class PerfJitWorkflowTests(JitTestCase):
             f"only {len(complete)} of {len(leaf_samples)} samples in f0 "
             f"unwound to <module>; e.g. {leaf_samples[0]}")
 
-    @staticmethod
-    def jitted(pid):
-        return glob.glob(os.path.join(os.path.dirname(jitdump_path(pid)),
-                                      f"jitted-{pid}-*.so"))
-
     def remove_jitted(self, pid):
-        for path in self.jitted(pid):
+        for path in jitted_files(pid):
             os.unlink(path)
 
 

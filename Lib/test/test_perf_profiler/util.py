@@ -15,7 +15,8 @@ The API, in the order a test usually needs it:
   perf switches this test run might have inherited.
 * perf_record_works(), record_samples(), script_samples(),
   parse_perf_script(), Sample: run a command under "perf record -g" and
-  read back its call chains.
+  read back its call chains (with TIMED_FIELDS: also each sample's thread
+  and time).
 * gdb_available(), gdb_backtrace(): frame names of a gdb "bt".
 * skip_environment(): skip a test this machine cannot run -- or, where
   the tests are required (CI), fail it.
@@ -498,6 +499,18 @@ class Sample(NamedTuple):
                 names.append(qualname)
         return names
 
+    def origin(self):
+        """(pid, tid, time in ns) of a sample printed with TIMED_FIELDS."""
+        thread, stamp = self.header.split()[:2]
+        pid, tid = thread.split("/")
+        seconds, _, fraction = stamp.rstrip(":").partition(".")
+        return int(pid), int(tid), int(seconds + fraction.ljust(9, "0"))
+
+
+# "perf script" fields and options giving Sample.origin(); with "perf
+# record -k 1" the time is CLOCK_MONOTONIC's.
+TIMED_FIELDS = ("-F", "pid,tid,time,ip,sym", "--ns")
+
 
 def parse_perf_script(text):
     """Parse "perf script -F ip,sym" style output into Samples.
@@ -556,10 +569,11 @@ def perf_record_works():
 
 
 def record_samples(args, directory, *, env=None, timeout=TIMEOUT,
-                   options=(), check=True):
+                   options=(), check=True, fields=("-F", "pid,ip,sym")):
     """Run `args` under perf record -g (with `options`, e.g. ("-p", PID)
     to record a running process while `args` runs); return
-    (CompletedProcess, samples).
+    (CompletedProcess, samples), the samples read with `fields` (see
+    script_samples()).
 
     perf.data is written to `directory`.  The CompletedProcess is that of
     perf record (the command's own output passes through it).  With
@@ -574,14 +588,14 @@ def record_samples(args, directory, *, env=None, timeout=TIMEOUT,
         cwd=directory, timeout=timeout)
     if check and record.returncode != 0:
         return record, []
-    return record, script_samples(data, timeout=timeout)
+    return record, script_samples(data, timeout=timeout, fields=fields)
 
 
-def script_samples(data, *, timeout=TIMEOUT):
+def script_samples(data, *, timeout=TIMEOUT, fields=("-F", "pid,ip,sym")):
     """The samples of the perf.data file `data`, as "perf script" resolves
-    them now."""
+    them now (printing `fields`, e.g. TIMED_FIELDS)."""
     script = subprocess.run(
-        ["perf", "script", "-i", data, "-F", "pid,ip,sym"],
+        ["perf", "script", "-i", data, *fields],
         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
         errors="backslashreplace", timeout=timeout)
     return parse_perf_script(script.stdout)
