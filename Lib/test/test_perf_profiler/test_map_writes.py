@@ -490,7 +490,8 @@ class OtherWritersTests(PerfTestCase):
         print("ready", flush=True)
         sys.stdin.readline()
         later()
-        exec("def one():\\n    pass\\ndef two():\\n    pass\\none()", {})
+        exec(compile("def one():\\n    pass\\ndef two():\\n    pass\\none()",
+                     "<defined-later>", "exec"), {})
         """
 
     def check_new_lines_after(self, other_writer):
@@ -512,8 +513,9 @@ class OtherWritersTests(PerfTestCase):
         entries = self.assertMapWellFormed(proc.pid)
         symbols = [e.symbol for e in entries]
         for symbol in (f"py::later.<locals>.after:{path}",
-                       "py::<module>:<string>", "py::one:<string>",
-                       "py::two:<string>"):
+                       "py::<module>:<defined-later>",
+                       "py::one:<defined-later>",
+                       "py::two:<defined-later>"):
             self.assertEqual(symbols.count(symbol), 1, symbols[-10:])
         return entries
 
