@@ -551,6 +551,14 @@ class TestPerfDwarf(FilesMixin, unittest.TestCase):
                 chains += 1
         self.assertGreater(chains, 10, script.stdout[-3000:])
 
+    def assert_recorded(self, out, stdout, stderr):
+        """record wrote out/perf.data, named it on stderr alone, and
+        left stdout to the program (whose own prints nothing)."""
+        injected = os.path.join(out, "perf.data")
+        self.assertEqual(stdout, "")
+        self.assertIn(f"perftramp311: perf report -i {injected}\n", stderr)
+        self.assert_chains(injected, out)
+
     def test_record_command(self):
         with tempfile.TemporaryDirectory() as tmp:
             app = os.path.join(tmp, "app.py")
@@ -562,12 +570,7 @@ class TestPerfDwarf(FilesMixin, unittest.TestCase):
                         "-m", "app"], env=environment(PERF=self.perf),
                        cwd=tmp)
             self.assertEqual(proc.returncode, 0, proc.stderr)
-            injected = os.path.join(out, "perf.data")
-            # stdout is the program's own.
-            self.assertEqual(proc.stdout, "")
-            self.assertIn(f"perftramp311: perf report -i {injected}\n",
-                          proc.stderr)
-            self.assert_chains(injected, out)
+            self.assert_recorded(out, proc.stdout, proc.stderr)
 
     def test_record_killed_program(self):
         # Killed by signal N: 128+N, as a shell and perf_trampoline
@@ -582,11 +585,7 @@ class TestPerfDwarf(FilesMixin, unittest.TestCase):
                              proc.stderr)
             self.assertIn("perftramp311: the program was killed by "
                           "SIGKILL\n", proc.stderr)
-            injected = os.path.join(out, "perf.data")
-            self.assertEqual(proc.stdout, "")
-            self.assertIn(f"perftramp311: perf report -i {injected}\n",
-                          proc.stderr)
-            self.assert_chains(injected, out)
+            self.assert_recorded(out, proc.stdout, proc.stderr)
 
     def test_record_interrupted(self):
         # Ctrl-C: SIGINT to the terminal's foreground process group.  The
@@ -611,11 +610,7 @@ class TestPerfDwarf(FilesMixin, unittest.TestCase):
                     proc.wait()
             self.assertIn(proc.returncode, (128 + signal.SIGINT,
                                             128 + signal.SIGTERM), stderr)
-            injected = os.path.join(out, "perf.data")
-            self.assertEqual(stdout, "")
-            self.assertIn(f"perftramp311: perf report -i {injected}\n",
-                          stderr)
-            self.assert_chains(injected, out)
+            self.assert_recorded(out, stdout, stderr)
 
     def test_leaf_middle_top(self):
         perf = self.perf

@@ -17,7 +17,8 @@ import unittest
 
 from test.support import import_helper
 from test.test_perf_profiler.util import (
-    TIMEOUT, MapEntry, PerfTestCase, clean_env, map_path, needs_host)
+    TIMEOUT, MapEntry, PerfTestCase, before_and_later, clean_env, map_path,
+    needs_host)
 
 PERF = ("-X", "perf")
 
@@ -96,18 +97,11 @@ class CapiTestCase(PerfTestCase):
 class WriteEntryTests(CapiTestCase):
 
     def test_entries_join_the_trampolines_map(self):
-        result = self.run_capi(f"""
-            def before():
-                return 1
-            def later():
-                def after():            # named on its first call
-                    return 2
-                after()
-            before()
+        result = self.run_capi(before_and_later(f"""
             print(write({JIT_BASE:#x}, 0x40, "py::jitted_one:<jit>"))
             later()
             print(write({JIT_BASE + 0x1000:#x}, 0x80, "py::jitted_two:<jit>"))
-            """, python_args=PERF)
+            """), python_args=PERF)
         self.assertEqual(result.stdout, "(0, 0)\n(0, 0)\n")
         entries = self.assertMapWellFormed(result.pid)
         one = MapEntry(JIT_BASE, 0x40, "py::jitted_one:<jit>")
@@ -255,20 +249,13 @@ class WriteEntryTests(CapiTestCase):
 
     def test_fini_then_new_trampolines(self):
         # After Fini, a new trampoline opens the same file again.
-        result = self.run_capi("""
-            def before():
-                return 1
-            def later():
-                def after():            # named on its first call
-                    return 2
-                after()
-            before()
+        result = self.run_capi(before_and_later("""
             inode = os.stat(MAP).st_ino
             fini()
             print(map_descriptors())
             later()
             print(os.stat(MAP).st_ino == inode, len(map_descriptors()))
-            """, python_args=PERF)
+            """), python_args=PERF)
         self.assertEqual(result.stdout, "[]\nTrue 1\n")
         self.assertEqual(result.stderr, "")
         # The module's first run named what it defines (the prelude's

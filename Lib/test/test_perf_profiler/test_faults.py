@@ -46,18 +46,29 @@ refuse(void)
     return 1;
 }
 
-void *
-mmap(void *addr, size_t length, int prot, int flags, int fd, off_t offset)
+/* off_t is off64_t on 64-bit Linux: one type serves both. */
+typedef void *(*mmap_function)(void *, size_t, int, int, int, off64_t);
+
+static void *
+mmap_unless_refused(mmap_function *real, const char *name, void *addr,
+                    size_t length, int prot, int flags, int fd,
+                    off64_t offset)
 {
-    static void *(*real)(void *, size_t, int, int, int, off_t);
-    if (real == NULL) {
-        real = (void *(*)(void *, size_t, int, int, int, off_t))
-               dlsym(RTLD_NEXT, "mmap");
+    if (*real == NULL) {
+        *real = (mmap_function)dlsym(RTLD_NEXT, name);
     }
     if ((prot & PROT_EXEC) && (flags & MAP_ANONYMOUS) && refuse()) {
         return MAP_FAILED;
     }
-    return real(addr, length, prot, flags, fd, offset);
+    return (*real)(addr, length, prot, flags, fd, offset);
+}
+
+void *
+mmap(void *addr, size_t length, int prot, int flags, int fd, off_t offset)
+{
+    static mmap_function real;
+    return mmap_unless_refused(&real, "mmap", addr, length, prot, flags, fd,
+                               offset);
 }
 
 /* What callers built with _FILE_OFFSET_BITS=64 (CPython) call. */
@@ -65,15 +76,9 @@ void *
 mmap64(void *addr, size_t length, int prot, int flags, int fd,
        off64_t offset)
 {
-    static void *(*real)(void *, size_t, int, int, int, off64_t);
-    if (real == NULL) {
-        real = (void *(*)(void *, size_t, int, int, int, off64_t))
-               dlsym(RTLD_NEXT, "mmap64");
-    }
-    if ((prot & PROT_EXEC) && (flags & MAP_ANONYMOUS) && refuse()) {
-        return MAP_FAILED;
-    }
-    return real(addr, length, prot, flags, fd, offset);
+    static mmap_function real;
+    return mmap_unless_refused(&real, "mmap64", addr, length, prot, flags,
+                               fd, offset);
 }
 
 int
@@ -88,6 +93,18 @@ mprotect(void *addr, size_t length, int prot)
     }
     return real(addr, length, prot);
 }
+"""
+
+# Scripts that make new functions: make("p", 3) defines and calls p_0,
+# p_1 and p_2.
+MAKE_FUNCTIONS = """\
+def make(prefix, n):
+    total = 0
+    for i in range(n):
+        ns = {}
+        exec(f"def {prefix}_{i}():\\n    return {i}", ns)
+        total += ns[f"{prefix}_{i}"]()
+    return total
 """
 
 WORKLOAD = """
@@ -402,7 +419,7 @@ class MapFaultTests(StressTestCase):
         # call after that.  (re is imported first, with room for the
         # lines of what its modules define: the check's import would
         # otherwise make them at the end.)
-        source = textwrap.dedent("""
+        source = MAKE_FUNCTIONS + textwrap.dedent("""
             import os, re
             with open("/tmp/filler", "wb", buffering=0) as f:
                 try:
@@ -410,13 +427,6 @@ class MapFaultTests(StressTestCase):
                         f.write(b"x" * 4096)
                 except OSError:
                     pass                # all that is left is the map's
-            def make(prefix, n):
-                total = 0
-                for i in range(n):
-                    ns = {}
-                    exec(f"def {prefix}_{i}(): return {i}", ns)
-                    total += ns[f"{prefix}_{i}"]()
-                return total
             print(make("before", 1000))
             pending = {}
             exec("".join(f"def pending_{i}(): return {i}\\n"
@@ -550,19 +560,11 @@ class MapFaultTests(StressTestCase):
     def test_write_cut_short(self):
         # The map cannot grow (RLIMIT_FSIZE here, a full disk alike), then
         # it can again: every line in the map stays whole.
-        result = self.run_script("""
+        result = self.run_script(MAKE_FUNCTIONS + textwrap.dedent("""
             import os, re, resource, signal, sys
 
             signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
             path = f"/tmp/perf-{os.getpid()}.map"
-
-            def make(prefix, n):
-                total = 0
-                for i in range(n):
-                    ns = {}
-                    exec(f"def {prefix}_{i}():\\n    return {i}", ns)
-                    total += ns[f"{prefix}_{i}"]()
-                return total
 
             print(make("warm", 5))
             soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
@@ -573,7 +575,7 @@ class MapFaultTests(StressTestCase):
             print(make("cut", 500))
             resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
             print(make("after", 5))
-            """, python_args=PERF)
+            """), python_args=PERF)
         self.assertEqual(result.stdout.split(), ["10", "124750", "10"])
         only_warning(self, result.stderr, "File too large")
         lines = self.map_lines(result.pid)

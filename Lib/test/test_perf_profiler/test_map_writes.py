@@ -19,8 +19,9 @@ import time
 import unittest
 
 from test.test_perf_profiler.util import (
-    MAP_LINE_RE, TIMEOUT, PerfTestCase, clean_env, map_path, needs_host,
-    parse_map, read_map, skip_environment, write_script)
+    MAP_LINE_RE, TIMEOUT, PerfTestCase, before_and_later, clean_env,
+    map_path, needs_host, parse_map, read_map, skip_environment,
+    write_script)
 
 # Writes a 9 KB line as another writer of a map would: a whole line,
 # appended, longer than any name the interpreter makes (3200 bytes).
@@ -454,22 +455,15 @@ class OtherWritersTests(PerfTestCase):
     """Others truncate, rewrite, replace or delete the map: the process
     goes on, and so does its map."""
 
-    TRUNCATES = """\
+    TRUNCATES = before_and_later("""\
         import os
-        def before():
-            return 1
-        def later():
-            def after():                # named on its first call
-                return 2
-            after()
-        before()
         # What Node's --perf-basic-prof and perf-map-agent do first to
         # /tmp/perf-<their pid>.map.
         fd = os.open(f"/tmp/perf-{os.getpid()}.map", os.O_WRONLY | os.O_TRUNC)
         later()
         os.close(fd)
         print("survived")
-        """
+        """)
 
     def test_program_truncates_its_map(self):
         result = self.run_script(self.TRUNCATES, python_args=["-X", "perf"],
@@ -566,20 +560,13 @@ class OtherWritersTests(PerfTestCase):
                  *args], env=clean_env(), cwd=self.tmpdir, **kwargs)
 
         self.files.add_pid(nspid)
-        path = write_script(self.tmpdir, """\
+        path = write_script(self.tmpdir, before_and_later("""\
             import os, sys
-            def before():
-                return 1
-            def later():
-                def after():            # named on its first call
-                    return 2
-                after()
-            before()
             print(os.getpid(), flush=True)
             sys.stdin.readline()
             later()
             print("survived", flush=True)
-            """)
+            """))
         proc = in_namespace([sys.executable, "-X", "perf", path],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE)
         self.addCleanup(proc.kill)

@@ -288,6 +288,21 @@ class ScriptResult(NamedTuple):
         return [entry.qualname for entry in self.script_entries(pid)]
 
 
+def before_and_later(source):
+    """Dedented `source` after a prelude that defines before(), named at
+    the module's first run, and later(), whose nested after() is named
+    only when later() first runs it: a line the map gets at that point."""
+    return textwrap.dedent("""\
+        def before():
+            return 1
+        def later():
+            def after():
+                return 2
+            after()
+        before()
+        """) + textwrap.dedent(source)
+
+
 def write_script(directory, source, name="script.py"):
     """Write dedented `source` to directory/name; return its path."""
     path = os.path.join(directory, name)
