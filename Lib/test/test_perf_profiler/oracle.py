@@ -18,10 +18,13 @@ with start and end read from CLOCK_MONOTONIC, the clock of "perf record
 taken in the leaf, and its Python frames must be exactly the chain.
 
 Only the standard library is used: test_oracle runs it on Debian's
-python3.11 with perftramp311 too.  Environment: ORACLE_SPIN (seconds per leaf, default 0.2),
-ORACLE_ENABLE ("NAME=VALUE", the variable that switches trampolines on
-in a child started with a command line of its own), ORACLE_BACKEND (what
-the activation shape passes to sys.activate_stack_trampoline).
+python3.11 with perftramp311 too.  Environment: ORACLE_SPIN (seconds
+per leaf, default 0.2), ORACLE_ENABLE ("NAME=VALUE", the variable that
+switches trampolines on in a child started with a command line of its
+own), ORACLE_BACKEND (what the activation shape passes to
+sys.activate_stack_trampoline), ORACLE_STOP (1: each leaf calls
+os.getppid() once it has its chain, where a debugger stops and walks the
+stack: test_unwind).
 """
 
 import asyncio
@@ -37,6 +40,7 @@ import traceback
 from time import CLOCK_MONOTONIC, clock_gettime_ns, thread_time_ns
 
 SPIN = float(os.environ.get("ORACLE_SPIN", "0.2"))
+STOP = os.getppid if os.environ.get("ORACLE_STOP") == "1" else None
 
 # Frames that were running when the trampolines were switched on
 # (activation shape): they never went through one, so perf cannot name
@@ -75,6 +79,8 @@ def record(chain, start, end):
 LEAF_SOURCE = """\
 def {name}():
     chain = true_chain(sys._getframe())
+    if STOP:
+        STOP()
     start = clock_gettime_ns(CLOCK_MONOTONIC)
     deadline = thread_time_ns() + int(SPIN * 1e9)
     x = 0
