@@ -27,19 +27,11 @@
  * the perf_jit backend instead describes the trampolines with DWARF
  * unwind info.
  *
- * Memory.  Trampolines live in arenas: an arena is mapped read-write, filled
- * with template copies, then made read-execute (never writable and
- * executable at once) and handed out with a bump pointer, one or more slots
- * at a time (as many as the backend's span() asks for):
- *
- *     arena: | template | template | template | ... | template |
- *            ^ handed out            ^ next            ^ limit
- *
- * A slot, once handed out, belongs to its code object forever: some thread
- * may still be running inside it (a frame that entered before a
- * deactivation, a generator suspended in it), so arenas are never unmapped.
- * The trampoline is found through a co_extra slot of the code object (one
- * index per interpreter and backend), created on the first call.
+ * Memory.  Trampolines live in arenas of executable memory
+ * (Python/perf_arena.c); a slot, once handed out, belongs to its code
+ * object forever.  The trampoline is found through a co_extra slot of the
+ * code object (one index per interpreter and backend), created on the
+ * first call.
  *
  * Entry.  The PEP 523 frame-evaluation hook, _PyPerf_EvalFrame,
  * runs every frame that goes through _PyEval_EvalFrame via its trampoline
@@ -52,8 +44,8 @@
  * runs them through their trampolines itself, where stock 3.11 recurses
  * through gen_send_ex2().  Anything that fails here falls back to
  * _PyEval_EvalFrameDefault: the hook never changes what the program does,
- * but for a RecursionError where the C stack is nearly used up (see "The
- * C stack").
+ * but for a RecursionError where the C stack is nearly used up
+ * (Python/perf_stack.c).
  *
  * Output.  A backend tells the profiler about each new trampoline: the perf
  * map (/tmp/perf-<pid>.map, Python/perf_map.c) or a jitdump
@@ -63,9 +55,9 @@
  * process is gone, so they are never removed.  A forked child has a new
  * pid, so it starts its own file holding everything it inherited, and
  * takes its new trampolines from arenas of its own (perf names what the
- * child inherited from the parent's file).
- * Debuggers learn about each arena as it is mapped (Python/perf_gdb_jit.c,
- * gdb's JIT interface).
+ * child inherited from the parent's file).  The names are
+ * Python/perf_name.c's.  Another process may switch trampolines on and off
+ * (Python/perf_remote.c).
  *
  * Everything here runs with the GIL held (3.11 has one GIL for all
  * interpreters), which serializes all state changes and the core's file
@@ -83,55 +75,15 @@
 #ifdef PY_HAVE_PERF_TRAMPOLINE
 
 #include <errno.h>
-#include <fcntl.h>                // open()
-#include <pthread.h>              // pthread_getattr_np(), pthread_atfork()
-#include <sys/resource.h>         // getrlimit()
-#include <sys/syscall.h>          // SYS_gettid
-#include <sys/mman.h>             // mmap(), mprotect()
-#include <unistd.h>               // sysconf()
+#include <pthread.h>              // pthread_once()
 
 /* ----------------------------------------------------------------------
  * Constants
  */
 
-/* Bytes mapped per arena (rounded up to whole pages). */
-#define ARENA_SIZE (64 * 1024)
-
-/* Each trampoline starts on its own 16-byte boundary: branch targets. */
-#define SLOT_ALIGN 16
-
-/* Name budget in bytes (after escaping): a longer name is cut and ends in
-   "...".  Keeps every entry one bounded line. */
-#define MAX_QUALNAME 1024
-#define MAX_FILENAME 2048
-
 /* How deep in class bodies a code object's first run looks for the code
    objects they define (see new_nested()). */
 #define MAX_CLASS_NESTING 4
-
-/* Trampolines, and the evaluator frames of the calls run through them
-   instead of inline, may hold at most 1/STACK_ROOM_DIVISOR of a thread's
-   C stack at a time (see "The C stack"). */
-#define STACK_ROOM_DIVISOR 25
-
-/* Frames entering the evaluator from C within this many bytes of the
-   bottom of a thread's C stack raise RecursionError: room to raise it,
-   unwind and report it: 1/STACK_RESERVE_DIVISOR of the stack, from
-   STACK_RESERVE_MIN to STACK_RESERVE (the extension, PY_PERF_EXTENSION:
-   STACK_RESERVE), and never more than a quarter of it. */
-#define STACK_RESERVE_DIVISOR 64
-#define STACK_RESERVE_MIN (4 * 1024)
-#define STACK_RESERVE (64 * 1024)
-
-/* Where the template has BTI landing pads, ask for them to be enforced in
-   the arenas as they are in the interpreter's own text (a kernel without
-   BTI support refuses PROT_BTI with EINVAL: the arena then goes without). */
-#if defined(__aarch64__) && defined(__ARM_FEATURE_BTI_DEFAULT) \
-    && defined(PROT_BTI)
-#  define ARENA_PROT (PROT_READ | PROT_EXEC | PROT_BTI)
-#else
-#  define ARENA_PROT (PROT_READ | PROT_EXEC)
-#endif
 
 /* ----------------------------------------------------------------------
  * State
@@ -170,8 +122,6 @@ typedef struct _PyPerf_Interp perf_interp;
 
 _PyPerf_Core _PyPerf_core = {.main_index = -1, .fork_copy = 1};
 
-_PyPerf_TLS _PyPerf_Stack _PyPerf_stack;
-
 static int
 backend_number(const _PyPerf_Backend *backend)
 {
@@ -182,232 +132,6 @@ backend_number(const _PyPerf_Backend *backend)
     }
     Py_UNREACHABLE();
 }
-
-/* ----------------------------------------------------------------------
- * Arenas
- */
-
-static int
-new_arena(void)
-{
-    long page = sysconf(_SC_PAGESIZE);
-    if (page <= 0) {
-        page = 4096;
-    }
-    size_t size = _Py_SIZE_ROUND_UP(ARENA_SIZE, (size_t)page);
-    char *mem = mmap(NULL, size, PROT_READ | PROT_WRITE,
-                     MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (mem == MAP_FAILED) {
-        return -1;
-    }
-    /* A template at the start of every slot: one copy, then the filled
-       part copied onto the rest, doubling. */
-    size_t count = size / _PyPerf_core.slot_size;
-    size_t filled = _PyPerf_core.slot_size;
-    memcpy(mem, _PyPerf_TemplateStart, _PyPerf_core.code_size);
-    while (filled < count * _PyPerf_core.slot_size) {
-        size_t chunk = Py_MIN(filled, count * _PyPerf_core.slot_size - filled);
-        memcpy(mem + filled, mem, chunk);
-        filled += chunk;
-    }
-    if (mprotect(mem, size, ARENA_PROT) < 0
-        && (ARENA_PROT == (PROT_READ | PROT_EXEC)
-            || errno != EINVAL
-            || mprotect(mem, size, PROT_READ | PROT_EXEC) < 0))
-    {
-        int saved = errno;
-        munmap(mem, size);
-        errno = saved;
-        return -1;
-    }
-    __builtin___clear_cache(mem, mem + size);
-    _PyPerf_core.next = mem;
-    _PyPerf_core.limit = mem + count * _PyPerf_core.slot_size;
-    /* Every slot holds a trampoline from now on: debuggers can be told
-       about the whole arena at once (Python/perf_gdb_jit.c). */
-    _PyPerf_GdbRegisterCode(mem, count * _PyPerf_core.slot_size,
-                            _PyPerf_core.slot_size);
-    return 0;
-}
-
-/* In a forked child (by any fork() that runs the at-fork handlers,
-   PyOS_AfterFork_Child() or not): the current arena is full.  perf copies
-   the parent's mappings into the child at the fork and names their
-   addresses from the parent's map for good, where the parent goes on
-   handing out the same free slots; so the child's new trampolines go in
-   arenas it maps itself, which perf names from the child's map.  The
-   inherited arenas stay mapped: their trampolines may be on the C stack. */
-static void
-leave_inherited_arena(void)
-{
-    _PyPerf_core.next = _PyPerf_core.limit;
-}
-
-static pthread_once_t fork_handler_once = PTHREAD_ONCE_INIT;
-static int fork_handler_error;
-
-static void
-register_fork_handler(void)
-{
-    fork_handler_error = pthread_atfork(NULL, NULL, leave_inherited_arena);
-}
-
-/* Make sure executable memory can be had: the first arena.  The answer is
-   kept, so a refusal (e.g. SELinux execmem) is decided once. */
-static int
-init_arenas(void)
-{
-    if (_PyPerf_core.arena_status == _PyPerf_ARENAS_UNTRIED) {
-        _PyPerf_core.code_size = _PyPerf_TemplateEnd - _PyPerf_TemplateStart;
-        _PyPerf_core.return_offset =
-            _PyPerf_TemplateReturn - _PyPerf_TemplateStart;
-        _PyPerf_core.slot_size = _Py_SIZE_ROUND_UP(_PyPerf_core.code_size,
-                                                   SLOT_ALIGN);
-        /* Before the first arena: a child must never take its slots. */
-        pthread_once(&fork_handler_once, register_fork_handler);
-        if (fork_handler_error != 0) {
-            _PyPerf_core.arena_status = _PyPerf_ARENAS_REFUSED;
-            _PyPerf_core.arena_errno = fork_handler_error;
-        }
-        else if (new_arena() < 0) {
-            _PyPerf_core.arena_status = _PyPerf_ARENAS_REFUSED;
-            _PyPerf_core.arena_errno = errno;
-        }
-        else {
-            _PyPerf_core.arena_status = _PyPerf_ARENAS_OK;
-        }
-    }
-    if (_PyPerf_core.arena_status == _PyPerf_ARENAS_REFUSED) {
-        errno = _PyPerf_core.arena_errno;
-        return -1;
-    }
-    return 0;
-}
-
-/* Hand out a trampoline that owns `span` bytes of address space: one slot,
-   or several consecutive ones (the first holds the trampoline). */
-static char *
-new_slot(size_t span)
-{
-    /* Whole slots: slot_size need not be a power of two. */
-    size_t slots = (Py_MAX(span, _PyPerf_core.code_size)
-                    + _PyPerf_core.slot_size - 1) / _PyPerf_core.slot_size;
-    size_t size = slots * _PyPerf_core.slot_size;
-    if ((size_t)(_PyPerf_core.limit - _PyPerf_core.next) < size
-        && new_arena() < 0)
-    {
-        /* Don't try again for every new code object. */
-        _PyPerf_core.arena_status = _PyPerf_ARENAS_REFUSED;
-        _PyPerf_core.arena_errno = errno;
-        return NULL;
-    }
-    char *slot = _PyPerf_core.next;
-    _PyPerf_core.next += size;
-    return slot;
-}
-
-/* ----------------------------------------------------------------------
- * Names: "py::<qualname>:<filename>"
- *
- * Written byte by byte from the str's code points, so it cannot fail or
- * raise (code objects' names are ready strings; anything else is "?"):
- * control characters (which could end a map line) become \xNN, lone
- * surrogates (not encodable as UTF-8) become \uXXXX, everything else is
- * UTF-8.  Each part has a byte budget.
- */
-
-static size_t
-append_escaped(char *buf, size_t pos, size_t budget, PyObject *str)
-{
-    static const char hex[] = "0123456789abcdef";
-    size_t end = pos + budget;
-    if (!PyUnicode_Check(str) || !PyUnicode_IS_READY(str)) {
-        buf[pos++] = '?';
-        return pos;
-    }
-    int kind = PyUnicode_KIND(str);
-    const void *data = PyUnicode_DATA(str);
-    Py_ssize_t length = PyUnicode_GET_LENGTH(str);
-    Py_ssize_t i = 0;
-    if (PyUnicode_IS_ASCII(str)) {
-        /* The common case: copy the printable prefix in one go (the
-           whole string, or as much as the budget takes, for most). */
-        const unsigned char *ascii = data;
-        Py_ssize_t room = (Py_ssize_t)(end - pos) - 3;
-        Py_ssize_t n = Py_MAX(Py_MIN(length, room), 0);
-        if (_PyPerf_CountControls(ascii, (size_t)n) == 0) {
-            i = n;
-        }
-        else {
-            while (i < n && !_PyPerf_IsControl(ascii[i])) {
-                i++;
-            }
-        }
-        memcpy(buf + pos, ascii, i);
-        pos += i;
-    }
-    for (; i < length; i++) {
-        Py_UCS4 ch = PyUnicode_READ(kind, data, i);
-        char enc[8];
-        int n = 0;
-        if (ch < 0x20 || (ch >= 0x7f && ch < 0xa0)) {
-            enc[n++] = '\\';
-            enc[n++] = 'x';
-            enc[n++] = hex[(ch >> 4) & 0xf];
-            enc[n++] = hex[ch & 0xf];
-        }
-        else if (ch < 0x80) {
-            enc[n++] = (char)ch;
-        }
-        else if (ch < 0x800) {
-            enc[n++] = (char)(0xc0 | (ch >> 6));
-            enc[n++] = (char)(0x80 | (ch & 0x3f));
-        }
-        else if (Py_UNICODE_IS_SURROGATE(ch)) {
-            enc[n++] = '\\';
-            enc[n++] = 'u';
-            for (int shift = 12; shift >= 0; shift -= 4) {
-                enc[n++] = hex[(ch >> shift) & 0xf];
-            }
-        }
-        else if (ch < 0x10000) {
-            enc[n++] = (char)(0xe0 | (ch >> 12));
-            enc[n++] = (char)(0x80 | ((ch >> 6) & 0x3f));
-            enc[n++] = (char)(0x80 | (ch & 0x3f));
-        }
-        else {
-            enc[n++] = (char)(0xf0 | (ch >> 18));
-            enc[n++] = (char)(0x80 | ((ch >> 12) & 0x3f));
-            enc[n++] = (char)(0x80 | ((ch >> 6) & 0x3f));
-            enc[n++] = (char)(0x80 | (ch & 0x3f));
-        }
-        /* Keep room for "..." after any character. */
-        if (pos + n + 3 > end) {
-            memcpy(buf + pos, "...", 3);
-            return pos + 3;
-        }
-        memcpy(buf + pos, enc, n);
-        pos += n;
-    }
-    return pos;
-}
-
-/* Format the entry name of `co` into buf (no NUL); return its length.
-   buf must hold _PyPerf_MAX_NAME bytes. */
-static size_t
-format_name(PyCodeObject *co, char *buf)
-{
-    size_t pos = 0;
-    memcpy(buf, "py::", 4);
-    pos = append_escaped(buf, 4, MAX_QUALNAME, co->co_qualname);
-    buf[pos++] = ':';
-    pos = append_escaped(buf, pos, MAX_FILENAME, co->co_filename);
-    assert(pos <= _PyPerf_MAX_NAME);
-    return pos;
-}
-
-_Static_assert(4 + MAX_QUALNAME + 1 + MAX_FILENAME <= _PyPerf_MAX_NAME,
-               "entry names fit _PyPerf_MAX_NAME");
 
 /* ----------------------------------------------------------------------
  * Trampolines
@@ -477,7 +201,7 @@ write_entries(const assignment *a)
 static char *
 new_trampoline(PyCodeObject *co, const assignment *a)
 {
-    char *slot = new_slot(a->span);
+    char *slot = _PyPerf_NewSlot(a->span);
     if (slot == NULL) {
         report_failure("cannot map more executable memory; functions "
                        "called from now on get no trampoline");
@@ -498,7 +222,7 @@ new_trampoline(PyCodeObject *co, const assignment *a)
     _PyPerf_core.entry_code[i] = co;
     _PyPerf_core.entries[i].code = slot;
     _PyPerf_core.entries[i].name = name;
-    _PyPerf_core.entries[i].name_size = format_name(co, name);
+    _PyPerf_core.entries[i].name_size = _PyPerf_FormatName(co, name);
     _PyPerf_core.names_used += _PyPerf_core.entries[i].name_size;
     return slot;
 }
@@ -586,11 +310,8 @@ trampoline_for_slow(PyInterpreterState *interp, PyCodeObject *co)
     return assign_trampoline(co, pi, 1);
 }
 
-static int stack_exhausted(PyThreadState *tstate, uintptr_t sp);
-static int may_call_trampoline(uintptr_t sp);
-
 /* Call `eval` through trampoline `t` from a function whose CFA is `cfa`,
-   if the C stack has room for it (see "The C stack"), otherwise `eval`
+   if the C stack has room for it (Python/perf_stack.c), otherwise `eval`
    itself.  The extension keeps no account: it cannot run calls inline, so
    every frame goes through its trampoline, and the call is a tail call. */
 #ifdef PY_PERF_EXTENSION
@@ -613,11 +334,11 @@ static Py_NO_INLINE PyObject *
 eval_frame_slow(PyThreadState *tstate, _PyInterpreterFrame *frame,
                 int throwflag, uintptr_t sp)
 {
-    if (stack_exhausted(tstate, sp)) {
+    if (_PyPerf_StackExhaustedAt(tstate, sp)) {
         return NULL;
     }
     _PyPerf_Trampoline t = NULL;
-    if (may_call_trampoline(sp)) {
+    if (_PyPerf_MayCallTrampoline(sp)) {
         t = trampoline_for_slow(tstate->interp, frame->f_code);
     }
     if (t == NULL) {
@@ -630,7 +351,7 @@ eval_frame_slow(PyThreadState *tstate, _PyInterpreterFrame *frame,
 }
 
 /* The PEP 523 hook: run the frame through its code object's trampoline,
-   where the C stack allows it (see "The C stack").  The common case is a
+   where the C stack allows it (Python/perf_stack.c).  The common case is a
    few loads and a call of the trampoline; the other exits are tail calls,
    so the hook leaves no frame of its own there. */
 PyObject *
@@ -655,6 +376,25 @@ _PyPerf_EvalFrame(PyThreadState *tstate, _PyInterpreterFrame *frame,
     }
     CALL_TRAMPOLINE(t, sp, tstate, frame, throwflag,
                     _PyEval_EvalFrameDefault);
+}
+
+_PyPerf_Trampoline
+_PyPerf_ForCallSlow(PyThreadState *tstate, PyCodeObject *co, uintptr_t sp)
+{
+    if (!_PyPerf_MayCallTrampoline(sp)) {
+        return NULL;
+    }
+    /* _PyPerf_ForCall() already looked for the main interpreter's. */
+    return trampoline_for_slow(tstate->interp, co);
+}
+
+static_assert(_PyPerf_RECORD_AREA == 128,
+              "RECORD_AREA in Python/asm_trampoline.S");
+
+_PyPerf_Trampoline
+_PyPerf_RecordTrampolineSlow(PyThreadState *tstate, PyCodeObject *co)
+{
+    return trampoline_for_slow(tstate->interp, co);
 }
 
 /* ----------------------------------------------------------------------
@@ -711,7 +451,7 @@ _PyPerf_EvalFrameChained(PyThreadState *tstate, _PyInterpreterFrame *frame,
                          int throwflag)
 {
     uintptr_t sp = (uintptr_t)__builtin_dwarf_cfa();
-    if (stack_exhausted(tstate, sp)) {
+    if (_PyPerf_StackExhaustedAt(tstate, sp)) {
         return NULL;
     }
     perf_interp *pi = find_interp(tstate->interp);
@@ -720,7 +460,7 @@ _PyPerf_EvalFrameChained(PyThreadState *tstate, _PyInterpreterFrame *frame,
         next = pi->chained;
     }
     _PyPerf_Trampoline t = NULL;
-    if (may_call_trampoline(sp)) {
+    if (_PyPerf_MayCallTrampoline(sp)) {
         t = trampoline_for_slow(tstate->interp, frame->f_code);
     }
     if (t == NULL) {
@@ -759,276 +499,6 @@ _PyPerf_ChainEvalFrame(PyInterpreterState *interp,
     }
     set_hook(interp, pi, eval_frame);
     return 1;
-}
-
-/* ----------------------------------------------------------------------
- * The C stack
- *
- * 3.11 runs Python-to-Python calls without using the C stack; a recursion
- * through C (callbacks, __call__, chains of generators) takes an evaluator
- * frame and the C functions between per level.  Trampolines add to that:
- * a trampoline's frame (and the hook's) for each frame entering the
- * evaluator from C, and for a call that the evaluator runs through a
- * trampoline instead of inline (its records are used up; perf_jit) a
- * second evaluator frame as well.  So each thread has a room of
- * 1/STACK_ROOM_DIVISOR of its stack: a call through a trampoline takes
- * what it adds (_PyPerf_CALL_COST) from the room and puts it back when it
- * returns, and where the room is used up the frame runs as without perf
- * (inline, or the evaluator called directly), and merges into its caller
- * in a profile.  However the calls are shaped and wherever the
- * trampolines are, the stack never holds more of them than the room: a
- * recursion that runs out of stack without perf gets as deep less the
- * room and the reserve below.
- *
- * The reserve: a frame entering the evaluator from C there raises
- * RecursionError (stack_exhausted()), where without perf the program would
- * go on for those few more bytes, or raise RecursionError at its
- * recursion limit, or crash.  Neither crash nor recursion limit comes
- * sooner than with perf off less a tenth of the depth (test_stress).
- *
- * Only the thread's own stack counts: code running on a stack of its own
- * (a fiber made with makecontext, a coroutine library's stack) has a size
- * we cannot know, and there frames run as without perf.
- *
- *     high  +---------------------+  the thread's stack, from its mapping
- *           | trampolines, while  |  (the main thread's: /proc/self/maps;
- *           | they hold no more   |   other threads': pthread_getattr_np)
- *           | than the room       |
- *     limit +---------------------+
- *           | reserve             |  frames from C: RecursionError
- *     low   +---------------------+
- */
-
-/* Parse lowercase hex at p (before end); return where it stopped, or NULL
-   if there was no digit. */
-static const char *
-parse_hex(const char *p, const char *end, uintptr_t *value)
-{
-    const char *start = p;
-    uintptr_t v = 0;
-    for (; p < end; p++) {
-        int digit;
-        if (*p >= '0' && *p <= '9') {
-            digit = *p - '0';
-        }
-        else if (*p >= 'a' && *p <= 'f') {
-            digit = *p - 'a' + 10;
-        }
-        else {
-            break;
-        }
-        v = (v << 4) | (uintptr_t)digit;
-    }
-    *value = v;
-    return p == start ? NULL : p;
-}
-
-/* The main thread's stack: the mapping of /proc/self/maps that holds `sp`,
-   which may grow down to RLIMIT_STACK but never into the mapping below it.
-   The file is read in one go: pthread_getattr_np() reads it line by line
-   through stdio, several times slower, and this runs at startup under
-   -X perf.  Returns 0, or -1 if the stack cannot be found. */
-static int
-main_thread_stack(uintptr_t sp, uintptr_t *low, uintptr_t *high)
-{
-    enum { MAPS_SIZE = 64 * 1024 };
-    char *buf = PyMem_RawMalloc(MAPS_SIZE);
-    if (buf == NULL) {
-        return -1;
-    }
-    size_t len = 0;
-    int fd = open("/proc/self/maps", O_RDONLY | O_CLOEXEC);
-    if (fd >= 0) {
-        ssize_t n;
-        while (len < MAPS_SIZE
-               && ((n = read(fd, buf + len, MAPS_SIZE - len)) > 0
-                   || (n < 0 && errno == EINTR)))
-        {
-            len += n > 0 ? (size_t)n : 0;
-        }
-        close(fd);
-    }
-    int res = -1;
-    uintptr_t below = 0;        /* end of the previous mapping */
-    const char *p = buf, *end = buf + len;
-    while (len < MAPS_SIZE && p < end) {
-        /* "START-END perms offset dev inode path" */
-        uintptr_t start, stop;
-        const char *q = parse_hex(p, end, &start);
-        if (q == NULL || q == end || *q != '-'
-            || (q = parse_hex(q + 1, end, &stop)) == NULL)
-        {
-            break;
-        }
-        if (start <= sp && sp < stop) {
-            struct rlimit rl;
-            *high = stop;
-            *low = below;
-            if (getrlimit(RLIMIT_STACK, &rl) == 0
-                && rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < stop
-                && stop - rl.rlim_cur > below)
-            {
-                *low = stop - rl.rlim_cur;
-            }
-            res = 0;
-            break;
-        }
-        below = stop;
-        q = memchr(q, '\n', end - q);
-        p = q != NULL ? q + 1 : end;
-    }
-    PyMem_RawFree(buf);
-    return res;
-}
-
-static void
-find_stack(uintptr_t sp)
-{
-    _PyPerf_stack.known = 1;
-    uintptr_t low, high;
-    if (getpid() != (pid_t)syscall(SYS_gettid)
-        || main_thread_stack(sp, &low, &high) < 0)
-    {
-        pthread_attr_t attr;
-        void *addr;
-        size_t size;
-        if (pthread_getattr_np(pthread_self(), &attr) != 0) {
-            return;   /* unknown: this thread never takes the fast path */
-        }
-        int err = pthread_attr_getstack(&attr, &addr, &size);
-        pthread_attr_destroy(&attr);
-        if (err != 0 || size == 0) {
-            return;
-        }
-        low = (uintptr_t)addr;
-        high = low + size;
-    }
-    /* The stack grows down from high. */
-    size_t size = high - low;
-    _PyPerf_stack.high = high;
-    _PyPerf_stack.low = low;
-#ifdef PY_PERF_EXTENSION
-    _PyPerf_stack.limit = low + Py_MIN(STACK_RESERVE, size / 4);
-#else
-    size_t reserve = Py_MAX(size / STACK_RESERVE_DIVISOR, STACK_RESERVE_MIN);
-    reserve = Py_MIN(reserve, STACK_RESERVE);
-    _PyPerf_stack.limit = low + Py_MIN(reserve, size / 4);
-    _PyPerf_stack.room = size / STACK_ROOM_DIVISOR;
-#endif
-}
-
-static void
-raise_stack_exhausted(void)
-{
-    PyErr_SetString(PyExc_RecursionError,
-                    "maximum recursion depth exceeded: the C stack is "
-                    "exhausted"
-#ifdef PY_PERF_EXTENSION
-                    " (perf trampolines make every Python call a C call)"
-#endif
-                    );
-}
-
-#ifdef PY_PERF_EXTENSION
-/* The C stack guard of the thread that ran last: a dlopen()ed module
-   reaches its TLS through a call, which would cost more than the rest of
-   the check on every Python call.  The GIL makes this one thread's at a
-   time; tstate->id is never reused by another thread. */
-static struct {
-    uint64_t thread;            /* tstate->id, 0: none */
-    uintptr_t limit;
-    uintptr_t low;
-} stack_guard;
-
-static Py_NO_INLINE int
-stack_exhausted_slow(PyThreadState *tstate, uintptr_t sp)
-{
-    if (!_PyPerf_stack.known) {
-        find_stack(sp);
-    }
-    stack_guard.thread = tstate->id;
-    stack_guard.limit = _PyPerf_stack.limit;
-    stack_guard.low = _PyPerf_stack.low;
-    if (sp >= stack_guard.limit || sp < stack_guard.low) {
-        return 0;
-    }
-    raise_stack_exhausted();
-    return 1;
-}
-
-/* Set RecursionError and return 1 if the C stack of this thread is down
-   to its reserve.  A stack that is not the thread's own (a fiber's), or
-   not found, is left unguarded, as it is without the extension. */
-int
-_PyPerf_StackExhausted(PyThreadState *tstate)
-{
-    char here;
-    uintptr_t sp = (uintptr_t)&here;
-    if (tstate->id == stack_guard.thread
-        && (sp >= stack_guard.limit || sp < stack_guard.low))
-    {
-        return 0;
-    }
-    return stack_exhausted_slow(tstate, sp);
-}
-#endif
-
-/* Set RecursionError and return 1 if sp, where a frame enters the
-   evaluator from C, lies in this thread's reserve. */
-static int
-stack_exhausted(PyThreadState *tstate, uintptr_t sp)
-{
-#ifdef PY_PERF_EXTENSION
-    (void)sp;
-    return _PyPerf_StackExhausted(tstate);
-#else
-    if (!_PyPerf_stack.known) {
-        find_stack(sp);
-    }
-    if (sp >= _PyPerf_stack.low && sp < _PyPerf_stack.limit) {
-        raise_stack_exhausted();
-        return 1;
-    }
-    return 0;
-#endif
-}
-
-/* Whether a frame entering the evaluator from C at sp may go through its
-   trampoline (then only if the room allows it: CALL_TRAMPOLINE). */
-static int
-may_call_trampoline(uintptr_t sp)
-{
-#ifdef PY_PERF_EXTENSION
-    (void)sp;
-    return 1;           /* its guard is _PyPerf_StackExhausted() */
-#else
-    if (!_PyPerf_stack.known) {
-        find_stack(sp);
-    }
-    return _PyPerf_ABOVE_RESERVE(sp);
-#endif
-}
-
-_PyPerf_Trampoline
-_PyPerf_ForCallSlow(PyThreadState *tstate, PyCodeObject *co, uintptr_t sp)
-{
-    if (!_PyPerf_stack.known) {
-        find_stack(sp);
-    }
-    if (!_PyPerf_ABOVE_RESERVE(sp)) {
-        return NULL;
-    }
-    /* _PyPerf_ForCall() already looked for the main interpreter's. */
-    return trampoline_for_slow(tstate->interp, co);
-}
-
-static_assert(_PyPerf_RECORD_AREA == 128,
-              "RECORD_AREA in Python/asm_trampoline.S");
-
-_PyPerf_Trampoline
-_PyPerf_RecordTrampolineSlow(PyThreadState *tstate, PyCodeObject *co)
-{
-    return trampoline_for_slow(tstate->interp, co);
 }
 
 /* ----------------------------------------------------------------------
@@ -1109,7 +579,7 @@ activate(PyThreadState *tstate, const char *name)
                      name, BACKEND_NAMES);
         return -1;
     }
-    if (init_arenas() < 0) {
+    if (_PyPerf_InitArenas() < 0) {
         int err = errno;
         PyObject *msg = PyUnicode_FromFormat(
             "cannot map executable memory for perf trampolines: %s",
@@ -1295,64 +765,6 @@ _PyPerf_ChildWillExec(void)
 }
 
 /* ----------------------------------------------------------------------
- * Requests from another process (Lib/perf_trampoline/)
- */
-
-/* Why the request failed, as an errno value for the tool. */
-static int
-request_error(PyObject *exc)
-{
-    if (PyErr_GivenExceptionMatches(exc, PyExc_OSError)) {
-        PyObject *err = ((PyOSErrorObject *)exc)->myerrno;
-        long value = err != NULL && PyLong_Check(err) ? PyLong_AsLong(err)
-                                                      : -1;
-        PyErr_Clear();
-        return value > 0 ? (int)value : EIO;
-    }
-    if (PyErr_GivenExceptionMatches(exc, PyExc_ValueError)) {
-        return EINVAL;          /* a backend this build does not have */
-    }
-    return EBUSY;               /* no co_extra index left */
-}
-
-/* Switch the main interpreter's trampolines for a request of `kind`, as
-   sys.activate_stack_trampoline() would, without a word on the program's
-   output; returns 0 or the errno of the failure, for the tool. */
-static int
-switch_for_request(PyThreadState *tstate, int kind)
-{
-    PyObject *type, *value, *tb;
-    PyErr_Fetch(&type, &value, &tb);
-    int res;
-    switch (kind) {
-    case _PyPerf_REQUEST_PERF:
-        res = activate(tstate, "perf");
-        break;
-    case _PyPerf_REQUEST_PERF_JIT:
-        res = activate(tstate, "perf_jit");
-        break;
-    case _PyPerf_REQUEST_OFF:
-        res = _PyPerf_Deactivate(tstate);
-        break;
-    default:
-        PyErr_SetString(PyExc_ValueError, "unknown request");
-        res = -1;
-    }
-    int error = 0;
-    if (res < 0) {
-        PyObject *etype, *evalue, *etb;
-        PyErr_Fetch(&etype, &evalue, &etb);
-        PyErr_NormalizeException(&etype, &evalue, &etb);
-        error = request_error(evalue);
-        Py_XDECREF(etype);
-        Py_XDECREF(evalue);
-        Py_XDECREF(etb);
-    }
-    PyErr_Restore(type, value, tb);
-    return error;
-}
-
-/* ----------------------------------------------------------------------
  * The C API (Include/cpython/sysmodule.h, Doc/c-api/perfmaps.rst)
  */
 
@@ -1398,12 +810,6 @@ PyUnstable_PerfTrampoline_SetPersistAfterFork(int enable)
 }
 
 #else   /* !PY_HAVE_PERF_TRAMPOLINE */
-
-static int
-switch_for_request(PyThreadState *tstate, int kind)
-{
-    return EOPNOTSUPP;
-}
 
 int
 _PyPerf_Activate(PyThreadState *tstate, const char *name)
@@ -1469,61 +875,6 @@ _PyPerf_ChainEvalFrame(PyInterpreterState *interp,
 }
 
 #endif  /* PY_HAVE_PERF_TRAMPOLINE */
-
-_PyPerf_RemoteControl _PyPerf_remote = {
-    .magic = _PyPerf_REMOTE_MAGIC,
-    .version = _PyPerf_REMOTE_VERSION,
-};
-
-/* Set `request` back to 0 if it still holds `done`: a request a tool wrote
-   while `done` was acted on stays for the next check. */
-static void
-clear_request(uint64_t done)
-{
-#if defined(__GNUC__) || defined(__clang__)
-    __atomic_compare_exchange_n(&_PyPerf_remote.request, &done, 0, 0,
-                                __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
-#else
-    if (_PyPerf_remote.request == done) {
-        _PyPerf_remote.request = _PyPerf_REQUEST_NONE;
-    }
-#endif
-}
-
-/* Act on the tool's request (see pycore_perf.h); its outcome is left for
-   the tool in _PyPerf_remote.log. */
-void
-_PyPerf_HandleRemoteRequest(PyThreadState *tstate)
-{
-    uint64_t request = _PyPerf_remote.request;
-    if (request == _PyPerf_REQUEST_NONE) {
-        return;
-    }
-    /* Say which word is being decided on, then act only if `request`
-       still holds it.  A tool withdrawing its request writes 0, then reads
-       `taken`: both sides store before they load, so either the tool sees
-       its word here (and waits for the log), or the load below sees the 0
-       and the request is never acted on. */
-    _PyPerf_remote.taken = request;
-    _Py_atomic_thread_fence(_Py_memory_order_seq_cst);
-    if (_PyPerf_remote.request != request) {
-        /* Withdrawn or replaced: a new request is taken at the next
-           check. */
-        _PyPerf_remote.taken = 0;
-        return;
-    }
-    int error = switch_for_request(tstate, _PyPerf_REQUEST_KIND(request));
-    uint32_t n = _PyPerf_remote.handled;
-    volatile _PyPerf_RemoteOutcome *outcome =
-        &_PyPerf_remote.log[n % _PyPerf_REMOTE_LOG];
-    outcome->request = request;
-    outcome->active = _PyPerf_remote.active;
-    outcome->error = error;
-    /* The entry is whole before the count that shows it to tools. */
-    _Py_atomic_thread_fence(_Py_memory_order_release);
-    _PyPerf_remote.handled = n + 1;
-    clear_request(request);
-}
 
 #ifndef PY_PERF_EXTENSION
 /* ----------------------------------------------------------------------

@@ -43,9 +43,10 @@ NAME = "perftramp311"
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 
-SHARED_C = ["perf_trampoline.c", "perf_map.c", "perf_jit_trampoline.c",
-            "perf_files.c", "perf_unwind.c", "perf_gdb_jit.c",
-            "asm_trampoline.S"]
+SHARED_C = ["perf_trampoline.c", "perf_arena.c", "perf_name.c",
+            "perf_stack.c", "perf_remote.c", "perf_map.c",
+            "perf_jit_trampoline.c", "perf_files.c", "perf_unwind.c",
+            "perf_gdb_jit.c", "asm_trampoline.S"]
 SHARED_H = ["pycore_perf.h"]
 STAGED_SHARED = "shared"
 TOOLS = "perf_trampoline"

@@ -13,9 +13,13 @@ extern "C" {
  * The files:
  *
  *   Python/initconfig.c          -X perf, -X perf_jit and their variables
- *   Python/perf_trampoline.c     the core: activation, arenas and slots,
- *                                names, the eval hook, the CALL fast
- *                                path, the C stack's room
+ *   Python/perf_trampoline.c     the core: trampolines for code objects,
+ *                                the eval hook, the CALL fast path,
+ *                                activation, fork
+ *   Python/perf_arena.c          the arenas trampolines live in
+ *   Python/perf_name.c           their names, py::<qualname>:<filename>
+ *   Python/perf_stack.c          the C stack's room and reserve
+ *   Python/perf_remote.c         requests from another process
  *   Python/perf_map.c            backend: /tmp/perf-<pid>.map, and
  *                                its C API (PyUnstable_*, for JITs)
  *   Python/perf_jit_trampoline.c backend: /tmp/jit-<pid>.dump (jitdump)
@@ -281,7 +285,18 @@ extern _PyPerf_Core _PyPerf_core;
 /* The process is about to exit (also os._exit()). */
 extern void _PyPerf_AtExit(void);
 
-/* This thread's C stack (Python/perf_trampoline.c, "The C stack").
+/* Make sure executable memory can be had, once: 0, or -1 with errno set
+   (kept for every later call).  Then hand out a trampoline that owns
+   `span` bytes (one slot or several), or NULL with errno set.
+   (Python/perf_arena.c) */
+extern int _PyPerf_InitArenas(void);
+extern char *_PyPerf_NewSlot(size_t span);
+
+/* Write the name of `co` to buf, which holds _PyPerf_MAX_NAME bytes (no
+   NUL); return its length.  Cannot fail.  (Python/perf_name.c) */
+extern size_t _PyPerf_FormatName(PyCodeObject *co, char *buf);
+
+/* This thread's C stack (Python/perf_stack.c).
    Trampolines may be called where sp is in [limit, high), and while they
    add no more than `room` bytes more to it; below limit, frames entering
    the evaluator from C raise RecursionError.  Unknown (all 0) until the
@@ -303,13 +318,20 @@ typedef struct {
 #  define _PyPerf_TLS _Thread_local __attribute__((tls_model("initial-exec")))
 #endif
 extern _PyPerf_TLS _PyPerf_Stack _PyPerf_stack;
+/* Set RecursionError and return 1 if sp, where a frame enters the
+   evaluator from C, lies in this thread's reserve. */
+extern int _PyPerf_StackExhaustedAt(PyThreadState *tstate, uintptr_t sp);
+/* Whether a frame entering the evaluator from C at sp may go through its
+   trampoline (then only while the room allows it). */
+extern int _PyPerf_MayCallTrampoline(uintptr_t sp);
 
 extern PyObject *_PyPerf_EvalFrame(
     PyThreadState *tstate, struct _PyInterpreterFrame *frame, int throwflag);
 #ifdef PY_PERF_EXTENSION
 /* A stock evaluator makes every Python call a C call while a hook is
    installed: the hook refuses a frame with RecursionError where the
-   thread's C stack runs out (see find_stack()). */
+   thread's C stack runs out.  A stack that is not the thread's own (a
+   fiber's), or not found, is left unguarded, as without the extension. */
 extern int _PyPerf_StackExhausted(PyThreadState *tstate);
 #endif
 /* The hook while another PEP 523 function is chained behind ours. */
