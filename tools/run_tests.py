@@ -162,10 +162,11 @@ def feature_disabled_on_purpose(tree):
 
 
 def run_unit_module(python, module, log_dir, qemu, env_extra=None,
-                    label=None):
+                    label=None, first_tree=True):
     """Run one test module with the interpreter under test through
     unit_counts.py; return (label, outcomes, log path, exit status).
-    `label` (default: the module) names the logs."""
+    `label` (default: the module) names the logs.  After the first tree,
+    the cases marked once_per_run are left out."""
     label = label or module
     out = os.path.join(log_dir, label + ".json")
     log = os.path.join(log_dir, label + ".log")
@@ -183,7 +184,8 @@ def run_unit_module(python, module, log_dir, qemu, env_extra=None,
     with open(log, "w") as f:
         proc = subprocess.run(
             [python, os.path.join(ROOT, "tools", "unit_counts.py"),
-             *(["--without-host-tools"] if qemu else []), out, module],
+             *(["--without-host-tools"] if qemu else []),
+             *([] if first_tree else ["--after-first-tree"]), out, module],
             stdout=f, stderr=subprocess.STDOUT, cwd=log_dir, env=env)
     outcomes_seconds = time.monotonic() - started
     try:
@@ -204,7 +206,7 @@ def our_modules(tree):
     return [f"test.test_perf_profiler.{name}" for name in names]
 
 
-def run_unit_tests(tree, modules, log_dir, qemu=False):
+def run_unit_tests(tree, modules, log_dir, qemu=False, first_tree=True):
     """Our package's modules (and the tooling tests), two at a time."""
     python = os.path.join(tree, "python-qemu" if qemu else "python")
     os.makedirs(log_dir, exist_ok=True)
@@ -212,7 +214,8 @@ def run_unit_tests(tree, modules, log_dir, qemu=False):
     jobs = min(len(modules), os.cpu_count() or 2)
     with concurrent.futures.ThreadPoolExecutor(jobs) as pool:
         for module, outcomes, log, status in pool.map(
-                lambda m: run_unit_module(python, m, log_dir, qemu),
+                lambda m: run_unit_module(python, m, log_dir, qemu,
+                                          first_tree=first_tree),
                 modules):
             if (outcomes.get("module_skipped")
                     and not feature_disabled_on_purpose(tree)):
@@ -276,11 +279,13 @@ def run_ext_tests(patched_tree):
     return totals
 
 
-def run_tree(tree, regrtest_args, ignored, tooling_tests, regrtests=True):
+def run_tree(tree, regrtest_args, ignored, tooling_tests, regrtests=True,
+             first_tree=True):
     """Our package (and the tooling tests), then (with `regrtests`) the
     regression tests, with the interpreter of `tree`, the second pass
     without the tests `ignored` (regrtest's -i options); return the
-    counts."""
+    counts.  After the first tree, our package leaves out what runs once
+    (util.once_per_run)."""
     tests = [t for t in REGRTESTS
              if os.path.exists(os.path.join(tree, "Lib", "test", t))
              or os.path.exists(os.path.join(tree, "Lib", "test", t + ".py"))]
@@ -295,7 +300,7 @@ def run_tree(tree, regrtest_args, ignored, tooling_tests, regrtests=True):
     units = our_modules(tree) + (["test_tooling"] if tooling_tests else [])
     name = os.path.basename(tree)
     started = time.monotonic()
-    totals = run_unit_tests(tree, units, log_dir)
+    totals = run_unit_tests(tree, units, log_dir, first_tree=first_tree)
     timed(f"{name}: our package"
           f"{' and the tooling tests' if tooling_tests else ''}", started)
     if regrtests:
@@ -377,7 +382,8 @@ def main():
     for i, tree in enumerate(trees):
         counts = run_tree(tree, regrtest_args, ignored,
                           tooling_tests=i == 0 and not options.no_tooling,
-                          regrtests=tree not in package_trees)
+                          regrtests=tree not in package_trees,
+                          first_tree=i == 0)
         totals = [a + b for a, b in zip(totals, counts)]
     for tree in options.qemu:
         counts = run_qemu_tree(os.path.abspath(tree))

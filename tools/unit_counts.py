@@ -1,6 +1,7 @@
 """Run test modules with unittest and account for every test case.
 
-    python tools/unit_counts.py [--without-host-tools] OUT.json MODULE...
+    python tools/unit_counts.py [--without-host-tools] [--after-first-tree]
+                                OUT.json MODULE...
 
 Runs in the interpreter under test (run_tests.py starts it).  Each test
 case ends in exactly one outcome, written to OUT.json as
@@ -16,7 +17,9 @@ case ends in exactly one outcome, written to OUT.json as
 
 --without-host-tools (under qemu-user) leaves out the test cases marked
 needs_host in test_perf_profiler/util.py; OUT.json lists them as
-"left_out" with the tools they need.
+"left_out" with the tools they need.  --after-first-tree (make test's
+later native trees) leaves out those marked once_per_run, which ran with
+the first tree.
 
 (Where tests are required, CI=true or PERF_TESTS_REQUIRED=1, our tests
 turn their own skips for want of perf, gdb, ptrace, mounts or cross tools
@@ -146,29 +149,41 @@ def account(cases, result):
     return {"passed": passed, "failed": failed, "skipped": skipped}
 
 
-def host_tools(case):
-    """The host tools a test case is marked as needing (needs_host), on
-    its method or its class."""
+def marked(case, attribute):
+    """What a test case's method, or else its class, is marked with
+    (util.needs_host: perf_needs_host; util.once_per_run: perf_once)."""
     method = getattr(case, getattr(case, "_testMethodName", ""), None)
-    return (getattr(method, "perf_needs_host", ())
-            or getattr(type(case), "perf_needs_host", ()))
+    return (getattr(method, attribute, None)
+            or getattr(type(case), attribute, None))
 
 
-def without(suite, left_out):
-    """A copy of `suite` without the cases that need host tools; those go
-    to `left_out` as [id, tools]."""
+def without(suite, left_out, why):
+    """A copy of `suite` without the cases for which why(case) says why
+    they are left out; those go to `left_out` as [id, why]."""
     kept = unittest.TestSuite()
     for item in suite:
         if isinstance(item, unittest.TestSuite):
-            kept.addTest(without(item, left_out))
-        elif host_tools(item):
-            left_out.append([item.id(), ", ".join(host_tools(item))])
+            kept.addTest(without(item, left_out, why))
+        elif why(item):
+            left_out.append([item.id(), why(item)])
         else:
             kept.addTest(item)
     return kept
 
 
-def run_module(name, host_tools_available):
+def left_out_why(host_tools_available, first_tree):
+    def why(case):
+        tools = marked(case, "perf_needs_host")
+        if tools and not host_tools_available:
+            return "needs " + ", ".join(tools)
+        once = marked(case, "perf_once")
+        if once and not first_tree:
+            return "ran with the first tree: " + once
+        return None
+    return why
+
+
+def run_module(name, host_tools_available, first_tree):
     loader = unittest.TestLoader()
     try:
         suite = loader.loadTestsFromName(name)
@@ -176,8 +191,8 @@ def run_module(name, host_tools_available):
         return {"passed": [], "failed": [], "skipped": [[name, str(exc)]],
                 "module_skipped": True, "successful": True}
     left_out = []
-    if not host_tools_available:
-        suite = without(suite, left_out)
+    suite = without(suite, left_out,
+                    left_out_why(host_tools_available, first_tree))
     cases = list(iter_cases(suite))
     runner = unittest.TextTestRunner(stream=sys.stdout, verbosity=2,
                                      resultclass=CountingResult)
@@ -194,13 +209,15 @@ def run_module(name, host_tools_available):
 
 def main():
     args = sys.argv[1:]
+    options = {"--without-host-tools", "--after-first-tree"}
     host_tools_available = "--without-host-tools" not in args
-    out, *modules = [arg for arg in args if arg != "--without-host-tools"]
+    first_tree = "--after-first-tree" not in args
+    out, *modules = [arg for arg in args if arg not in options]
     total = {"passed": [], "failed": [], "skipped": [], "left_out": [],
              "module_skipped": False}
     successful = True
     for name in modules:
-        counts = run_module(name, host_tools_available)
+        counts = run_module(name, host_tools_available, first_tree)
         for kind in ("passed", "failed", "skipped", "left_out"):
             total[kind] += counts.get(kind, [])
         total["module_skipped"] |= counts.get("module_skipped", False)

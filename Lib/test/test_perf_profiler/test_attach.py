@@ -24,7 +24,7 @@ import perf_trampoline
 from perf_trampoline import _attach, _elf, _procfs
 from perf_trampoline import __main__ as command_line
 from test.test_perf_profiler.util import (
-    CHAIN, CHAIN_SOURCE, PerfTestCase, TIMEOUT, assert_refused, clean_env,
+    CHAIN, CHAIN_SOURCE, NOFP_ONCE, PerfTestCase, TIMEOUT, assert_refused, clean_env,
     jitdump_path, map_written_since, needs_host, perf_record_works, read_map,
     record_samples, skip_environment, unshare_pid_namespace, write_script)
 
@@ -317,6 +317,7 @@ class AttachTests(AttachTestCase):
         self.assertIn("inner", self.script_names(pid))
         self.assertEqual(self.finish(proc), ("bad 0\n", ""))
 
+    @NOFP_ONCE
     def test_shared_libpython_target(self):
         # The control block lives in libpython3.11.so, not the executable.
         nofp = os.environ.get("PERF_NOFP_PYTHON")
@@ -330,6 +331,7 @@ class AttachTests(AttachTestCase):
         self.assertIn("off", self.switch("detach", pid))
         self.assertEqual(self.finish(proc), ("bad 0\n", ""))
 
+    @NOFP_ONCE
     def test_shared_libpython_without_cap_sys_admin(self):
         # Without CAP_SYS_ADMIN (nor CAP_CHECKPOINT_RESTORE), the tool
         # cannot open /proc/PID/map_files: it reads libpython's dynamic

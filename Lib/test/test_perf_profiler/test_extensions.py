@@ -16,7 +16,8 @@ import unittest
 from test.test_perf_profiler.jitlib import (
     NOFP_PYTHON, PERF, TIMEOUT, perf_jit_skip_reason)
 from test.test_perf_profiler.util import (
-    PerfTestCase, clean_env, needs_host, skip_environment, write_script)
+    NOFP_ONCE, PerfTestCase, clean_env, needs_host, skip_environment,
+    write_script)
 
 DIST_PACKAGES = "/usr/lib/python3/dist-packages"
 MODULES = ("numpy", "lxml", "yaml", "greenlet", "gevent")
@@ -113,6 +114,7 @@ class ExtensionTests(PerfTestCase):
     hot(numpy.arange(1_000_000, dtype=float))
     """
 
+    @NOFP_ONCE
     def test_perf_shows_the_python_caller_of_a_ufunc(self):
         # Debian builds numpy without frame pointers: perf follows its
         # frames with DWARF unwind tables, and ours come from -X perf_jit.

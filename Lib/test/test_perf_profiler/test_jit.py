@@ -38,7 +38,7 @@ from test.test_perf_profiler.jitlib import (
     running_template, UnwindCheck, perf_jit_skip_reason, record_jit,
     jitted_files)
 from test.test_perf_profiler.util import (
-    PerfTestCase, clean_env, jitdump_path, map_written_since, needs_host,
+    NOFP_ONCE, PerfTestCase, clean_env, jitdump_path, map_written_since, needs_host,
     parse_perf_script, skip_environment, write_script)
 
 if not sysconfig.get_config_var("PY_HAVE_PERF_JIT_TRAMPOLINE"):
@@ -190,6 +190,7 @@ class JitTestCase(PerfTestCase):
                 and r.name.endswith(":" + path)]
 
 
+@NOFP_ONCE
 class JitdumpTests(UnwindCheck, JitTestCase):
 
     def test_dump(self):
@@ -472,6 +473,7 @@ class JitdumpTests(UnwindCheck, JitTestCase):
 # perf record -> perf inject --jit -> perf script
 
 @needs_host("perf")
+@NOFP_ONCE
 class PerfJitWorkflowTests(JitTestCase):
 
     @classmethod

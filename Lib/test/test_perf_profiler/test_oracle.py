@@ -29,9 +29,9 @@ import unittest
 
 from test.test_perf_profiler import jitlib, oracle
 from test.test_perf_profiler.util import (
-    TIMED_FIELDS, TIMEOUT, ProfilerFiles, clean_env, needs_host,
-    parse_perf_script, perf_record_works, record_samples, skip_environment,
-    tmp_files_lock)
+    NOFP_ONCE, TIMED_FIELDS, TIMEOUT, ProfilerFiles, clean_env, needs_host,
+    once_per_run, parse_perf_script, perf_record_works, record_samples,
+    skip_environment, tmp_files_lock)
 
 ORACLE = os.path.abspath(oracle.__file__)
 
@@ -351,6 +351,7 @@ class DwarfRoute(OracleRun):
 
 
 @needs_host("perf")
+@NOFP_ONCE
 @add_shape_tests
 class DwarfOracleTests(DwarfRoute, unittest.TestCase):
     """-X perf_jit on the build without frame pointers."""
@@ -374,6 +375,7 @@ EXT_PYTHON = os.environ.get("PERF_EXT_PYTHON") or os.path.join(
 
 
 @needs_host("perf")
+@once_per_run("it profiles Debian's python3.11 with perftramp311")
 @add_shape_tests
 class ExtensionOracleTests(DwarfRoute, unittest.TestCase):
     """Stock 3.11 with perftramp311, switched on by PYTHONPERFSUPPORT=1

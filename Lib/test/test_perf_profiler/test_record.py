@@ -27,7 +27,7 @@ from unittest import mock
 
 from test.test_perf_profiler.test_attach import INNER_CHAIN, TARGET
 from test.test_perf_profiler.util import (
-    PerfTestCase, TIMEOUT, assert_refused, clean_env, needs_host,
+    NOFP_ONCE, PerfTestCase, TIMEOUT, assert_refused, clean_env, needs_host,
     parse_perf_script, perf_record_works, skip_environment,
     unshare_pid_namespace, write_script)
 
@@ -895,6 +895,7 @@ class InjectTests(unittest.TestCase):
 
 
 @needs_host("perf")
+@NOFP_ONCE
 class RecordJitTests(RecordTestCase):
     """--jit: DWARF unwinding, perf inject --jit, on the interpreter
     without frame pointers where there is one (PERF_NOFP_PYTHON)."""

@@ -48,7 +48,7 @@ from test.test_perf_profiler import util
 from test.test_perf_profiler.jitlib import NOFP_PYTHON
 from test.test_perf_profiler.stress import (
     PERF, parse_lines, StressTestCase)
-from test.test_perf_profiler.util import clean_env
+from test.test_perf_profiler.util import NOFP_ONCE, clean_env
 
 
 # ----------------------------------------------------------------------
@@ -643,6 +643,7 @@ class CStackTests(StressTestCase):
     def test_perf(self):
         self.check_backend(sys.executable, "perf")
 
+    @NOFP_ONCE
     def test_perf_jit(self):
         self.check_backend(NOFP_PYTHON, "perf_jit")
 

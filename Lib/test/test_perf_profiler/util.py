@@ -156,6 +156,25 @@ def needs_host(*what):
     return mark
 
 
+def once_per_run(why):
+    """Decorator for a test method or class whose outcome does not depend
+    on the interpreter under test (it tests another: the build without
+    frame pointers, the extension's venv), or that needs only one of
+    make test's native trees, `why` saying which.  make test runs it with
+    its first tree; the later ones leave it out (tools/unit_counts.py
+    --after-first-tree)."""
+    def mark(obj):
+        obj.perf_once = why
+        return obj
+    return mark
+
+
+# Cases that test the build without frame pointers (PERF_NOFP_PYTHON),
+# whichever tree make test runs them with: its first one only.
+NOFP_ONCE = once_per_run("it tests the build without frame pointers "
+                         "(PERF_NOFP_PYTHON)")
+
+
 def host_tool(name):
     """Called where a helper is about to run `name` on the interpreter
     under test: under qemu-user, the test should have been marked
