@@ -150,6 +150,9 @@ find_interp(PyInterpreterState *interp)
 
 #define WRITE_FAILED \
     "cannot write the profiler's file; new functions are missing from it"
+#define NO_ARENA \
+    "cannot map more executable memory; functions called from now on get " \
+    "no trampoline"
 
 /* Report the first run-time failure (errno says why) on stderr; the
    program goes on either way. */
@@ -203,8 +206,7 @@ new_trampoline(PyCodeObject *co, const assignment *a)
 {
     char *slot = _PyPerf_NewSlot(a->span);
     if (slot == NULL) {
-        report_failure("cannot map more executable memory; functions "
-                       "called from now on get no trampoline");
+        report_failure(NO_ARENA);
         return NULL;
     }
     if (_PyCode_SetExtra((PyObject *)co, a->index, slot) < 0) {
@@ -310,6 +312,62 @@ trampoline_for_slow(PyInterpreterState *interp, PyCodeObject *co)
     return assign_trampoline(co, pi, 1);
 }
 
+/* The unnamed trampoline of each backend: made on first need, never
+   freed (a forked child's perf names it from the parent's file). */
+static char *unnamed[BACKEND_COUNT];
+
+#define UNNAMED_NAME "py::[deeper frames, beyond the C stack room]"
+
+static _PyPerf_Trampoline
+unnamed_trampoline(const perf_interp *pi)
+{
+    int b = backend_number(pi->backend);
+    if (unnamed[b] == NULL && _PyPerf_core.arena_status == _PyPerf_ARENAS_OK
+        && !_PyPerf_core.no_new)
+    {
+        size_t span = _PyPerf_core.code_size;
+        if (pi->backend->span != NULL) {
+            span = pi->backend->span(span);
+        }
+        char *slot = _PyPerf_NewSlot(span);
+        if (slot == NULL) {
+            report_failure(NO_ARENA);
+            return NULL;
+        }
+        _PyPerf_Entry entry = {slot, UNNAMED_NAME, strlen(UNNAMED_NAME)};
+        if (pi->backend->write_entries(&entry, 1,
+                                       _PyPerf_core.code_size) < 0)
+        {
+            report_failure(WRITE_FAILED);
+            return NULL;
+        }
+        unnamed[b] = slot;
+    }
+    if (pi->backend == &_PyPerf_MapBackend && unnamed[b] != NULL) {
+        _PyPerf_core.unnamed_ret = unnamed[b] + _PyPerf_core.return_offset;
+    }
+    return (_PyPerf_Trampoline)unnamed[b];
+}
+
+_PyPerf_Trampoline
+_PyPerf_EnterUnnamed(PyThreadState *tstate, size_t *room)
+{
+    if (_PyPerf_stack.unnamed || !_PyPerf_stack.known) {
+        return NULL;
+    }
+    perf_interp *pi = find_interp(tstate->interp);
+    if (pi == NULL || pi->backend == NULL) {
+        return NULL;
+    }
+    _PyPerf_Trampoline t = unnamed_trampoline(pi);
+    if (t != NULL) {
+        *room = _PyPerf_stack.room;
+        _PyPerf_stack.room = 0;
+        _PyPerf_stack.unnamed = 1;
+    }
+    return t;
+}
+
 /* Call `eval` through trampoline `t` from a function whose CFA is `cfa`,
    if the C stack has room for it (Python/perf_stack.c), otherwise `eval`
    itself.  The extension keeps no account: it cannot run calls inline, so
@@ -321,11 +379,14 @@ trampoline_for_slow(PyInterpreterState *interp, PyCodeObject *co)
 #  define CALL_TRAMPOLINE(t, cfa, tstate, frame, throwflag, eval) \
     do { \
         size_t room; \
-        if (!_PyPerf_TakeRoom(_PyPerf_CALL_COST(cfa), &room)) { \
+        _PyPerf_Trampoline via = (t); \
+        if (!_PyPerf_TakeRoom(_PyPerf_CALL_COST(cfa), &room) \
+            && (via = _PyPerf_EnterUnnamed((tstate), &room)) == NULL) \
+        { \
             return (eval)((tstate), (frame), (throwflag)); \
         } \
-        PyObject *res = (t)((tstate), (frame), (throwflag), (eval)); \
-        _PyPerf_stack.room = room; \
+        PyObject *res = via((tstate), (frame), (throwflag), (eval)); \
+        _PyPerf_LeaveTrampoline(room); \
         return res; \
     } while (0)
 #endif

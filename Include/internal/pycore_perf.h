@@ -269,6 +269,9 @@ typedef struct {
     int fork_copy;              /* see _PyPerf_AfterForkChild() */
     int child_will_exec;
     int no_new;                 /* a child about to exec: no new trampolines */
+    /* Where the map backend's unnamed trampoline returns to from the
+       evaluator (see _PyPerf_EnterUnnamed()), or NULL. */
+    void *unnamed_ret;
     struct _PyPerf_Interp *interps;   /* interpreters that activated */
     size_t interp_count;
     /* New trampolines' entries, gathered here (not on the C stack: that
@@ -308,6 +311,9 @@ typedef struct {
     uintptr_t low;              /* the lowest address the stack may reach */
     size_t room;
     int known;
+    /* Set while a frame runs through the unnamed trampoline (see
+       _PyPerf_EnterUnnamed()); `room` is 0 then. */
+    int unnamed;
 } _PyPerf_Stack;
 
 /* initial-exec TLS needs no call to reach, but a library loaded with
@@ -398,6 +404,26 @@ _PyPerf_GetSP(void)
    inline). */
 #define _PyPerf_CALL_COST(cfa) \
     ((uintptr_t)(cfa) - _PyPerf_GetSP() + _PyPerf_TRAMPOLINE_FRAME)
+
+/* Where the room is used up, the frame goes through the thread's one
+   unnamed trampoline instead, unless one runs already: perf names it, and
+   every frame it runs, "py::[deeper frames, beyond the C stack room]",
+   never after the innermost frame that got a trampoline (which did not
+   call them directly).  Its entry keeps no records and it leaves the
+   thread no room: no frame below it is named.  Returns NULL, or the
+   trampoline with *room set as _PyPerf_TakeRoom() sets it. */
+extern _PyPerf_Trampoline _PyPerf_EnterUnnamed(PyThreadState *tstate,
+                                               size_t *room);
+
+/* After a trampoline returns: put back the room taken before the call,
+   and leave the unnamed trampoline's frames if it was that one (under it
+   no other trampoline is called). */
+static inline __attribute__((always_inline)) void
+_PyPerf_LeaveTrampoline(size_t room)
+{
+    _PyPerf_stack.room = room;
+    _PyPerf_stack.unnamed = 0;
+}
 
 /* Take `cost` bytes of this thread's room before calling a trampoline:
    returns 0 if fewer are left, otherwise 1 and, in *room, what to put back

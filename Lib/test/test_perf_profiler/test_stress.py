@@ -640,6 +640,33 @@ class CStackTests(StressTestCase):
             ratios.append(f"{reached / depth:.3f}")
         return " ".join(ratios)
 
+    def test_unnamed_past_the_room(self):
+        # A recursion deeper than a small thread's room for trampolines
+        # goes on through one unnamed trampoline (test_oracle checks what
+        # perf shows), described once however often it is needed; the
+        # program runs as without perf, and later calls are named again.
+        result = self.run_script("""
+            import sys, threading
+            def down(n):
+                return down(n - 1) if n else n
+            def deep():
+                print(down(3000))
+            def after():
+                return 2
+            sys.setrecursionlimit(10_000)
+            threading.stack_size(256 * 1024)
+            for _ in range(2):
+                t = threading.Thread(target=deep)
+                t.start()
+                t.join()
+            print(after())
+            """, python_args=PERF)
+        self.assertEqual((result.stdout, result.stderr), ("0\n0\n2\n", ""))
+        names = [entry.symbol for entry in result.map_entries()]
+        self.assertEqual(
+            names.count("py::[deeper frames, beyond the C stack room]"), 1)
+        self.assertIn("after", result.script_names())
+
     def test_perf(self):
         self.check_backend(sys.executable, "perf")
 
