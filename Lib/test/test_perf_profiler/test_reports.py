@@ -52,6 +52,7 @@ def names(stack):
 # perf --exec-path, and perf script with 1 MB of warnings first.
 FAKE_PERF = """\
     #!/bin/sh
+    [ "$1" = --buildid-dir ] && shift 2
     case "$1" in
     --exec-path) dirname "$0" ;;
     script)
