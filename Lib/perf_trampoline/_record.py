@@ -370,8 +370,27 @@ def _log_failure(out, returncode):
 # Runs between perf's fork and the command: back into our process group
 # (so the terminal's Ctrl-C reaches the command, not perf), our stdout and
 # stderr back in place of perf's log, perf's descriptor of the output
-# directory closed.  -I -S: no environment, no site; it ignores
-# PYTHONPERFSUPPORT, which the command gets.
+# directory closed.  In Perl where there is one: perf's DWARF unwinder
+# (6.1 and 6.12) takes the mappings of the image a process left by exec
+# for its new ones where they do not overlap, and a Python helper with a
+# shared libpython (pyenv's, a --enable-shared build's) lost the Python
+# frames of 3 of 6 recordings of such a Python; a Perl helper, 0 of 10.
+# The Python helper (-I -S: no environment, no site; it ignores
+# PYTHONPERFSUPPORT, which the command gets) is for hosts without perl.
+_EXEC_HELPER_PERL = """\
+use POSIX ();
+my ($pgid, $out_fd, $err_fd, $dir_fd, @command) = @ARGV;
+POSIX::setpgid(0, $pgid);
+for ([$out_fd, 1], [$err_fd, 2]) {
+    POSIX::dup2($_->[0], $_->[1]);
+    POSIX::close($_->[0]);
+}
+POSIX::close($dir_fd);
+exec { $command[0] } @command;
+my $status = $!{ENOENT} ? 127 : 126;
+print STDERR "perf_trampoline: cannot run $command[0]: $!\\n";
+POSIX::_exit($status);
+"""
 _EXEC_HELPER = """\
 import os, sys
 pgid, out_fd, err_fd, dir_fd, *command = sys.argv[1:]
@@ -390,6 +409,14 @@ except OSError as exc:
                      f"{exc.strerror}\\n")
     os._exit(127 if isinstance(exc, FileNotFoundError) else 126)
 """
+
+
+def _exec_helper():
+    """The exec helper's command line, before its arguments."""
+    perl = shutil.which("perl")
+    if perl is not None:
+        return [perl, "-e", _EXEC_HELPER_PERL]
+    return [sys.executable, "-I", "-S", "-c", _EXEC_HELPER]
 
 
 def _spawn(args, log_fd, env, old_mask):
@@ -604,7 +631,7 @@ class Recorder:
             std_fds = [os.dup(1), os.dup(2)]
             for fd in std_fds:
                 os.set_inheritable(fd, True)
-            args += ["--", sys.executable, "-I", "-S", "-c", _EXEC_HELPER,
+            args += ["--", *_exec_helper(),
                      str(os.getpgrp()), *map(str, std_fds), str(dir_fd),
                      *target]
         try:

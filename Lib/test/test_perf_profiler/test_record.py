@@ -16,6 +16,7 @@ import os
 import pty
 import pwd
 import shlex
+import shutil
 import signal
 import struct
 import subprocess
@@ -292,6 +293,20 @@ class RecordTests(RecordTestCase):
 
     def test_command_output_is_its_own(self):
         self.check_output_is_the_commands()
+
+    def test_command_without_perl(self):
+        # The exec helper in Python where there is no perl.
+        from perf_trampoline import _record
+        perf = shutil.which(self.perf)
+        self.env["PATH"] = self.tmpdir
+        with mock.patch.dict(os.environ, {"PATH": self.tmpdir}):
+            self.assertEqual(_record._exec_helper()[:2],
+                             [sys.executable, "-I"])
+        result = self.tool("--perf", perf, "-o", self.out, "--",
+                           *self.command())
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertIn("started\ndone\n", result.stderr)
+        self.assertRecorded(result)
 
     def test_command_has_no_descriptor_of_the_directory(self):
         # perf has one to write through; the command it runs has not.
