@@ -29,11 +29,12 @@
 # make test-fresh, proves the lists complete).
 #
 # "jit": a perf newer than Debian 12's 6.1, for its gecko report script
-# (6.7) and the perf the tests pin.  The system's perf is left alone: the linux-perf package of the release's backports suite is
-# downloaded (through a private sources list and lists directory, mirrors
-# taken from the machine's apt configuration) and unpacked under
-# build/perf/, and the shared libraries it needs that are missing are
-# installed from the release.  Nothing installed is removed, and nothing is
+# (6.7) and the perf the tests pin.  The system's perf is left alone: the
+# linux-perf package of the release's backports suite is downloaded
+# (through a private sources list and lists directory, mirrors taken from
+# the machine's apt configuration) and unpacked under build/perf/, and the
+# shared libraries it needs that are missing are installed from the
+# release.  Nothing installed is removed, and nothing is
 # upgraded unless a package being installed needs its newer version.
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"

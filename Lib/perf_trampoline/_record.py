@@ -106,16 +106,16 @@ RAW_NAME = "perf.raw.data"     # --jit: perf record's, before perf inject
 HELP = f"""\
 Writes DIR/perf.data (already injected with --jit) and the reports made
 from it, and prints the perf report command for it and their paths, one
-per line, on stderr.  DIR defaults
-to perf-record-YYYYmmdd-HHMMSS in the current directory.  A DIR that holds
-a perf.data is refused unless --force; so is a DIR reached through a
-symbolic link, or that another user owns or could write in (by its mode,
-a group not yours alone, or an ACL), as is any directory above it (a
-sticky one of root's, such as /tmp, may be writable by all).  perf's own
-messages are in DIR/perf-record.log, its build-id cache in DIR/debug
-(--jit: the frames of the Python functions).  Of the reports, gecko.json (for the
-Firefox Profiler) needs perf >= 6.7, which has its gecko script; with an
-older perf it is left out.
+per line, on stderr.  DIR defaults to perf-record-YYYYmmdd-HHMMSS in the
+current directory.  A DIR that holds a perf.data is refused unless
+--force; so is a DIR reached through a symbolic link, or that another
+user owns or could write in (by its mode, a group not yours alone, or an
+ACL), as is any directory above it (a sticky one of root's, such as
+/tmp, may be writable by all).  perf's own messages are in
+DIR/perf-record.log, its build-id cache in DIR/debug (--jit: the frames
+of the Python functions).  Of the reports, gecko.json (for the Firefox
+Profiler) needs perf >= 6.7, which has its gecko script; with an older
+perf it is left out.
 
 The route is this Python's, which COMMAND is taken to run: frame
 pointers where it has perf trampolines built in with frame records,
@@ -318,8 +318,8 @@ def record_options(args):
 def inject(perf, out):
     """perf inject --jit from RAW_NAME into perf.data, in `out` (an
     _output.OutputDir); RecordError on failure."""
-    proc = subprocess.run([*_reports.perf_command(perf, out), "inject", "--jit",
-                           "-i", RAW_NAME, "-o", _reports.DATA_NAME],
+    proc = subprocess.run([*_reports.perf_command(perf, out), "inject",
+                           "--jit", "-i", RAW_NAME, "-o", _reports.DATA_NAME],
                           stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, text=True,
                           errors="replace", **out.as_cwd())
