@@ -1004,6 +1004,11 @@ def _report(recorder, perf, out, command, samples, host_maps):
     _warn(f"{samples} samples")
     if "stacks" in summary:
         _warn_cut_short(recorder.args, summary["stacks"])
+        if not any(_reports.is_python_frame(name)
+                   for stack in summary["stacks"] for name, _ in stack):
+            _warn(f"no Python function was named: a Python program must "
+                  f"run on a Python with perf trampolines, such as "
+                  f"{sys.executable}")
     if samples:
         _warn("perf report: " + shlex.join(
             [perf, "--buildid-dir", out.join(_reports.BUILDID_NAME),

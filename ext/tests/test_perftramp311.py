@@ -766,6 +766,16 @@ class TestRecord(FilesMixin, unittest.TestCase):
         self.assertEqual(proc.returncode, 0, proc.stderr)
         self.assert_recorded(proc)
 
+    def test_python_without_the_package(self):
+        # The venv's base interpreter, which does not have it: said.
+        proc = self.record("--", sys._base_executable, self.app)
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        self.assertIn(f"\nperf_trampoline: no Python function was named: a "
+                      f"Python program must run on a Python with perf "
+                      f"trampolines, such as "
+                      f"{os.path.normpath(sys.executable)}\n",
+                      "\n" + proc.stderr)
+
     def test_missing_script(self):
         # The interpreter says so, and exits 2; so does record, after it.
         proc = self.record("--", sys.executable, "nosuch.py")
