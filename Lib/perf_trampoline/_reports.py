@@ -73,6 +73,8 @@ BUILDID_NAME = "debug"
 EVALUATOR = "_PyEval_EvalFrameDefault"
 PYTHON_PREFIX = "py::"
 SCRIPT_FIELDS = "comm,pid,tid,ip,sym,dso"
+# The image perf gives a function inlined in another (from debug info).
+INLINED = "inlined"
 # Frames perf script and perf report show of a stack: their default is
 # the kernel's bound for frame-pointer walks, kernel.perf_event_max_stack
 # (127), which would cut the whole stacks that DWARF unwinds (a
@@ -153,11 +155,26 @@ def _process_frame(comm, pid):
 
 
 def _parse_frame(text):
+    """(address, (name, image)) of a frame line, or None."""
     match = FRAME_RE.match(text.strip())
     if match is None:
         return None
-    _, name, image = match.groups()
-    return (name.strip() or "[unknown]", image or "[unknown]")
+    address, name, image = match.groups()
+    return address, (name.strip() or "[unknown]", image or "[unknown]")
+
+
+def _inlined_images(frames):
+    """`frames` ((address, (name, image)), innermost first) as (name,
+    image) pairs, a function inlined in another given the image of the
+    one it is inlined in: perf names it "(inlined)" and puts it before
+    that one, at the same address."""
+    found = []
+    for i, (address, (name, image)) in enumerate(frames):
+        if image == INLINED:
+            image = next((later for at, (_, later) in frames[i + 1:]
+                          if at == address and later != INLINED), image)
+        found.append((name, image))
+    return found
 
 
 def parse_script(lines):
@@ -170,7 +187,7 @@ def parse_script(lines):
 
     def finish():
         if process is not None and frames:
-            stack = (process, *reversed(frames))
+            stack = (process, *reversed(_inlined_images(frames)))
             stacks[stack] = stacks.get(stack, 0) + 1
 
     for line in lines:

@@ -759,6 +759,16 @@ class TestRecord(FilesMixin, unittest.TestCase):
         self.assertEqual(proc.returncode, 0, proc.stderr)
         self.assert_recorded(proc)
 
+    def test_perf_of_the_release(self):
+        # Debian 12's perf 6.1 names the frames too (test_oracle's
+        # ExtensionOracleTests with PERF=/usr/bin/perf).
+        if not os.access("/usr/bin/perf", os.X_OK):
+            skip_or_fail("/usr/bin/perf is missing (Debian: linux-perf)")
+        self.perf = "/usr/bin/perf"
+        proc = self.record("--", sys.executable, self.app)
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        self.assert_recorded(proc)
+
     def test_front_door(self):
         # -m perftramp311 record: the program as python3.11 takes it, its
         # -m its own.
