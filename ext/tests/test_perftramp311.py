@@ -52,6 +52,13 @@ def skip_or_fail(why):
     raise unittest.SkipTest(why)
 
 
+def scratch(test):
+    """A directory removed when `test` ends."""
+    tmp = tempfile.TemporaryDirectory()
+    test.addCleanup(tmp.cleanup)
+    return tmp.name
+
+
 def environment(**extra):
     """os.environ without PYTHON* variables, plus `extra`."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
@@ -438,9 +445,7 @@ class TestCommandLine(unittest.TestCase):
     stops before perf."""
 
     def setUp(self):
-        tmp = tempfile.TemporaryDirectory()
-        self.addCleanup(tmp.cleanup)
-        self.tmp = tmp.name
+        self.tmp = scratch(self)
         # A perf that says its version and logs what it was asked.
         self.perf_log = os.path.join(self.tmp, "perf.log")
         self.perf = os.path.join(self.tmp, "perf")
@@ -688,9 +693,7 @@ class TestRecord(FilesMixin, unittest.TestCase):
     def setUp(self):
         super().setUp()
         self.perf = find_perf()
-        tmp = tempfile.TemporaryDirectory()
-        self.addCleanup(tmp.cleanup)
-        self.tmp = tmp.name
+        self.tmp = scratch(self)
         self.out = os.path.join(self.tmp, "out")
         self.app = os.path.join(self.tmp, "app.py")
         with open(self.app, "w") as f:
