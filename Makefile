@@ -107,7 +107,7 @@ help:
 	@echo "make ext        perftramp311 (ext/) for stock 3.11: venvs, wheels and its sdist in build/ext/"
 	@echo "make deps       install the missing Debian packages building and using it need (as root)"
 	@echo "make deps-test  ... and those the tests need (the test targets run it)"
-	@echo "make deps-jit   ... and perf 6.12 in build/perf/, for perf inject --jit (perf >= 6.8)"
+	@echo "make deps-jit   ... and perf 6.12 in build/perf/ (a build's record prefers it)"
 	@echo "make deps-debian   ... and what make debian needs"
 	@echo "make deps-aarch64  ... and what make aarch64 needs (a sysroot in build/sysroot-aarch64/)"
 	@echo "make clean      remove build/"
@@ -127,8 +127,8 @@ ext: deps
 	@tools/install-deps.sh ext
 	@tools/ext.sh
 
-# A private perf >= 6.8 (Debian 12: from bookworm-backports) for perf
-# inject --jit, in build/perf/.
+# A private perf 6.12 (Debian 12: from bookworm-backports) in build/perf/,
+# which record run from a build here prefers.
 deps-jit: deps
 	@tools/install-deps.sh jit
 

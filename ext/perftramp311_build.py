@@ -11,14 +11,20 @@ first, so it needs no setuptools or wheel, and works offline:
 The C is the patch's own (Python/perf_*.c, Python/asm_trampoline.S,
 Include/internal/pycore_perf.h); only perftramp311/_core.c is the
 extension's.  The operators' tools (Lib/perf_trampoline) are installed
-beside it.  Both are taken from the repository around this directory or,
-in an unpacked sdist, from the copies build_sdist() put in it:
+beside it, with the flame graph template their reports fill in.  All are
+taken from the repository around this directory or, in an unpacked
+sdist, from the copies build_sdist() put in it:
 
     repository              sdist (standalone)
     ../Python/perf_*.c      shared/perf_*.c
     ../Include/internal/    shared/pycore_perf.h
     ../Lib/perf_trampoline  perf_trampoline/
+    the template (below)    perf_trampoline/d3-flamegraph-base.html
     ../LICENSE              LICENSE
+
+The template is third-party code, never in the repository: a tree built
+there has a copy, and tools/fetch-flamegraph.sh keeps one in the user's
+cache, checked against the SHA-256 in tools/lib.sh, as it is here.
 
 Still needed: a C compiler and the interpreter's headers, its internal
 ones included (Debian: python3.11-dev).
@@ -50,6 +56,7 @@ SHARED_C = ["perf_trampoline.c", "perf_arena.c", "perf_name.c",
 SHARED_H = ["pycore_perf.h"]
 STAGED_SHARED = "shared"
 TOOLS = "perf_trampoline"
+TEMPLATE = "d3-flamegraph-base.html"
 # Read by site at startup: PYTHONPERFSUPPORT=1 switches on, in child
 # processes too.  It goes to the root of site-packages.
 PTH = f"{NAME}.pth"
@@ -114,7 +121,37 @@ def _sources():
     for name in sorted(os.listdir(tools)):
         if name.endswith(".py"):
             found[f"{TOOLS}/{name}"] = os.path.join(tools, name)
+    found[f"{TOOLS}/{TEMPLATE}"] = _template(tools)
     return found
+
+
+def _lib_sh(name):
+    """The value of `name`=... in the repository's tools/lib.sh."""
+    with open(os.path.join(REPO, "tools", "lib.sh"), encoding="utf-8") as f:
+        return re.search(rf"^{name}=(\S+)$", f.read(), re.M).group(1)
+
+
+def _template(tools):
+    """The path of the flame graph template: staged beside the tools (an
+    sdist), or in the repository's tree or the user's cache, checked."""
+    staged = os.path.join(tools, TEMPLATE)
+    if tools == os.path.join(HERE, TOOLS):
+        if os.path.exists(staged):
+            return staged
+        raise SystemExit(f"{NAME}: this sdist has no {TOOLS}/{TEMPLATE}")
+    cache = (os.environ.get("PERF_TRAMPOLINE_CACHE")
+             or os.path.join(os.environ.get("XDG_CACHE_HOME")
+                             or os.path.expanduser("~/.cache"),
+                             "perf-trampolines"))
+    want = _lib_sh("FLAMEGRAPH_SHA256")
+    for path in (staged, os.path.join(cache, "d3-flamegraph-base-%s.html"
+                                      % _lib_sh("FLAMEGRAPH_VERSION"))):
+        if (os.path.isfile(path)
+                and hashlib.sha256(_read(path)).hexdigest() == want):
+            return path
+    raise SystemExit(f"{NAME}: the flame graph template is not in {cache}: "
+                     f"fetch it once with tools/fetch-flamegraph.sh (npm), "
+                     f"or make ext")
 
 
 # ----------------------------------------------------------------------

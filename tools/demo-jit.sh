@@ -4,7 +4,7 @@
 # perf inject --jit merges the unwind info the interpreter wrote to
 # /tmp/jit-<pid>.dump, and perf report shows the Python frames.  The
 # 32 KiB stack copy (default 8) reaches past deep C frames like printf's.
-# perf >= 6.8 is needed: PERF, default the private copy install-deps.sh
+# perf >= 6.1 is needed: PERF, default the private copy install-deps.sh
 # unpacks.  Exits 0 only if the injected profile shows Python frames.
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"

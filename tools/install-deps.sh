@@ -13,7 +13,7 @@
 #   tools/install-deps.sh bench    ... plus hyperfine (kept for manual use)
 #   tools/install-deps.sh ext      ... plus what building perftramp311 (ext/)
 #                                  for Debian's python3.11 takes (make ext)
-#   tools/install-deps.sh jit      ... plus a private perf >= 6.8 (below)
+#   tools/install-deps.sh jit      ... plus a private perf 6.12 (below)
 #   tools/install-deps.sh debian   ... plus what make debian's configuration
 #                                  (Debian's own) uses beyond ours
 #   tools/install-deps.sh aarch64  ... plus the cross toolchain, qemu,
@@ -28,13 +28,13 @@
 # build, the demo or the tests run is named here (a clean Debian 12 root,
 # make test-fresh, proves the lists complete).
 #
-# "jit": `perf inject --jit` only merges DWARF-unwound jitdump frames
-# correctly from perf 6.8 on; Debian 12 ships 6.1.  The system's perf is
-# left alone: the linux-perf package of the release's backports suite is
-# downloaded (through a private sources list and lists directory, mirrors
-# taken from the machine's apt configuration) and unpacked under
-# build/perf/, and the shared libraries it needs that are missing are
-# installed from the release.  Nothing installed is removed, and nothing is
+# "jit": a perf newer than Debian 12's 6.1, for its gecko report script
+# (6.7) and the perf the tests pin.  The system's perf is left alone: the
+# linux-perf package of the release's backports suite is downloaded
+# (through a private sources list and lists directory, mirrors taken from
+# the machine's apt configuration) and unpacked under build/perf/, and the
+# shared libraries it needs that are missing are installed from the
+# release.  Nothing installed is removed, and nothing is
 # upgraded unless a package being installed needs its newer version.
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
@@ -184,7 +184,7 @@ private_download() {
     }
 }
 
-# A private perf >= 6.8 at $PRIVATE_PERF (lib.sh).
+# A private perf >= $PERF_JIT_MIN at $PRIVATE_PERF (lib.sh).
 install_private_perf() {
     local dir deb deps codename
     perf_is_new_enough "$PRIVATE_PERF" && return 0

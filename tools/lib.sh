@@ -22,8 +22,8 @@ FLAMEGRAPH_VERSION=4.1.3
 FLAMEGRAPH_MD5=143e0d06ba69b8370b9848dcd6ae3f36
 FLAMEGRAPH_SHA256=64aba4b35cfaba17b37d57a4036876f1999f3cfc4c8d4d3a0781d08a1ad97d5a
 FLAMEGRAPH_TEMPLATE=Lib/perf_trampoline/d3-flamegraph-base.html
-# perf >= 6.8 for the perf_jit workflow, unpacked from the backports
-# package by tools/install-deps.sh jit; the system's perf is not replaced.
+# A newer perf than the release's, unpacked from the backports package by
+# tools/install-deps.sh jit; the system's perf is not replaced.
 PRIVATE_PERF_DIR=$ROOT/build/perf
 PRIVATE_PERF=$PRIVATE_PERF_DIR/usr/bin/perf
 # make aarch64: arm64 libraries of the release for the cross build

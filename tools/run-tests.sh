@@ -5,7 +5,7 @@
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 PYTHON=$TREE/python
-# perf >= 6.8 for the perf_jit tests (test_jit reads PERF).
+# The private perf (6.12) for the tests: test_jit and record read PERF.
 export PERF=${PERF:-$PRIVATE_PERF}
 [ -x "$PYTHON" ] || { echo "run-tests: $PYTHON is not built (run 'make')" >&2; exit 1; }
 exec "$PYTHON" "$ROOT/tools/run_tests.py" "$@"

@@ -447,14 +447,14 @@ class ExtInstallTests(ProbeMixin, ScratchTestCase):
                                     capture_output=True, text=True))
         return os.path.join(path, "bin", "python")
 
-    def pip(self, python, *args):
+    def pip(self, python, *args, **extra):
         """pip, run in the repository, offline, no PIP_* settings of
-        ours."""
+        ours, the variables `extra` added."""
         env = {name: value for name, value in os.environ.items()
                if not name.startswith(("PIP_", "PYTHON"))}
         return subprocess.run([python, "-m", "pip", *args, "--no-index"],
                               cwd=ROOT, capture_output=True, text=True,
-                              env=env)
+                              env={**env, **extra})
 
     def assert_names_probe(self, python):
         """The installed package names the probe: in a jitdump with
@@ -492,6 +492,8 @@ class ExtInstallTests(ProbeMixin, ScratchTestCase):
                     "perftramp311/__main__.py", f"perftramp311/_core{suffix}",
                     *(f"perf_trampoline/{name}" for name in os.listdir(tools)
                       if name.endswith(".py")),
+                    # What its reports fill in.
+                    "perf_trampoline/d3-flamegraph-base.html",
                     *(f"{info}/{name}" for name in (
                         "METADATA", "WHEEL", "RECORD", "top_level.txt",
                         "LICENSE"))}
@@ -517,6 +519,21 @@ class ExtInstallTests(ProbeMixin, ScratchTestCase):
             self.assertEqual((digest, size), (f"sha256={want}",
                                               str(len(data))), name)
 
+    def test_wheel_needs_the_template(self):
+        # Not in the repository: without a copy the build stops, saying
+        # where to get one, instead of a wheel whose record draws no
+        # flame graph.
+        python = self.venv(self.pythons[0][1], "no-template")
+        cache = os.path.join(self.tmp, "empty-cache")
+        os.mkdir(cache)
+        proc = self.pip(python, "wheel", "--no-deps", "-w",
+                        os.path.join(self.tmp, "none"), "./ext",
+                        PERF_TRAMPOLINE_CACHE=cache)
+        self.assertNotEqual(proc.returncode, 0)
+        self.assertIn(f"perftramp311: the flame graph template is not in "
+                      f"{cache}: fetch it once with tools/fetch-flamegraph.sh "
+                      f"(npm), or make ext", proc.stdout + proc.stderr)
+
     def test_sdist_installs_standalone(self):
         name, python = self.pythons[-1]
         dist = os.path.join(self.tmp, "sdist")
@@ -533,6 +550,7 @@ class ExtInstallTests(ProbeMixin, ScratchTestCase):
             names = {member.name.split("/", 1)[1] for member in tar}
         for staged in ("shared/perf_trampoline.c", "shared/asm_trampoline.S",
                        "shared/pycore_perf.h", "perf_trampoline/_record.py",
+                       "perf_trampoline/d3-flamegraph-base.html",
                        "perftramp311/_core.c", "PKG-INFO"):
             self.assertIn(staged, names)
         venv = self.venv(python, "from-sdist")

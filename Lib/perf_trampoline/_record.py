@@ -4,14 +4,22 @@ the reports.
     record [options] -- COMMAND [ARG...]
     record [options] -p PID [--seconds N]
 
-Frame pointers (the default, backend "perf"):
+The route is this interpreter's (route()): the command is taken to be
+run by it.
+
+Frame pointers (backend "perf"), where perf trampolines are built in
+with frame records:
     perf record --call-graph fp -e cpu-clock -F HZ
---jit (backend "perf_jit", for builds without frame pointers):
-    perf record -k 1 --call-graph dwarf -e cpu-clock -F HZ, then
-    perf inject --jit into DIR/perf.data; needs perf >= 6.8, whose
-    inject merges DWARF-unwound jitdump frames correctly.
+--jit (backend "perf_jit"), the only route of a build without frame
+pointers and of a stock 3.11 with perftramp311:
+    perf record -k 1 --call-graph dwarf,DWARF_STACK -e cpu-clock -F HZ,
+    then perf inject --jit into DIR/perf.data
 cpu-clock is a software event: it works in virtual machines too.  -e,
 --call-graph and -a (system-wide) change those options of perf record.
+perf keeps its build-id cache in DIR/debug (_reports.BUILDID_NAME), not
+in ~/.debug; perf record adds nothing to it.  After perf inject, the ELF
+files it wrote in /tmp (jitted-PID-N.so, cached in DIR/debug) and the
+jitdumps of the processes that have exited are removed (_JitFiles).
 
 A COMMAND gets PYTHONPERFSUPPORT=1 (--jit: PYTHON_PERF_JIT_SUPPORT=1).
 perf runs it as its child, in its own process group; a small exec helper
@@ -35,12 +43,15 @@ process, or every descendant of the command, while recording.
 """
 
 import argparse
+import contextlib
 import math
 import os
 import re
 import selectors
+import shlex
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -50,8 +61,28 @@ from perf_trampoline._attach import _Control, attach, detach, status
 from perf_trampoline._elf import RemoteError
 from perf_trampoline._procfs import _alive, _read_small, _warn
 
-# perf inject --jit merges DWARF-unwound jitdump frames correctly from 6.8.
-PERF_JIT_MIN = (6, 8)
+# The oldest perf whose perf inject --jit was seen to name every frame
+# (Debian 12's 6.1: test_oracle, perftramp311 and -X perf_jit alike);
+# nothing older was tried.
+PERF_JIT_MIN = (6, 1)
+# Bytes of stack perf copies per sample on the DWARF route: it unwinds no
+# frame above them, and perf.data grows by as much per sample.  rst2html
+# (docutils) on a 630 KB text under perftramp311, perf 6.12, 999 Hz:
+#
+#   bytes      samples whole   reaching <module>   perf.data per sample
+#   8192       19%             12%                 8.5 KB
+#   16384      55%             44%                 16.7 KB
+#   32768      93%             82%                 33 KB
+#   65528      100%            84%                 65.5 KB
+#
+# (16% of its samples have no Python frame: start-up and exit.)  The
+# evaluator, inlining Python calls, needs far less than perftramp311's
+# hook, which makes each Python call a C call.  perf takes at most
+# DWARF_STACK_MAX.
+DWARF_STACK = 32768
+DWARF_STACK_MAX = 65528
+# The share of samples cut short above which record says so.
+DWARF_CUT_WARN = 0.05
 DEFAULT_HZ = 999
 DEFAULT_EVENT = "cpu-clock"
 # perf record --call-graph MODE: frame pointers, DWARF (with the bytes of
@@ -72,17 +103,26 @@ ENV_VARS = {"perf": "PYTHONPERFSUPPORT", "perf_jit": "PYTHON_PERF_JIT_SUPPORT"}
 LOG_NAME = "perf-record.log"
 RAW_NAME = "perf.raw.data"     # --jit: perf record's, before perf inject
 
-HELP = """\
+HELP = f"""\
 Writes DIR/perf.data (already injected with --jit) and the reports made
-from it, and prints their paths, one per line, on stderr.  DIR defaults
-to perf-record-YYYYmmdd-HHMMSS in the current directory.  A DIR that holds
-a perf.data is refused unless --force; so is a DIR reached through a
-symbolic link, or that another user owns or could write in (by its mode,
-a group not yours alone, or an ACL), as is any directory above it (a
-sticky one of root's, such as /tmp, may be writable by all).  perf's own
-messages are in DIR/perf-record.log.  Of the reports, gecko.json (for the
-Firefox Profiler) needs perf >= 6.7, which has its gecko script; with an
-older perf it is left out.
+from it, and prints the perf report command for it and their paths, one
+per line, on stderr.  DIR defaults to perf-record-YYYYmmdd-HHMMSS in the
+current directory.  A DIR that holds a perf.data is refused unless
+--force; so is a DIR reached through a symbolic link, or that another
+user owns or could write in (by its mode, a group not yours alone, or an
+ACL), as is any directory above it (a sticky one of root's, such as
+/tmp, may be writable by all).  perf's own messages are in
+DIR/perf-record.log, its build-id cache in DIR/debug (--jit: the frames
+of the Python functions).  Of the reports, gecko.json (for the Firefox
+Profiler) needs perf >= 6.7, which has its gecko script; with an older
+perf it is left out.
+
+The route is this Python's, which COMMAND is taken to run: frame
+pointers where it has perf trampolines built in with frame records,
+--jit where it has none (a build without frame pointers, or a stock 3.11
+with perftramp311).  --jit copies {DWARF_STACK} bytes of stack per sample
+(--call-graph dwarf,BYTES: up to {DWARF_STACK_MAX}); where more than
+{DWARF_CUT_WARN:.0%} of the samples were cut short, a warning says so.
 
 COMMAND runs with PYTHONPERFSUPPORT=1 (--jit: PYTHON_PERF_JIT_SUPPORT=1),
 with record's stdin, stdout and stderr, and its output is left as it
@@ -95,6 +135,10 @@ signal N killed it).
 with the right backend) and back when recording ends: after --seconds, on
 Ctrl-C or SIGTERM, or when the process exits.  With --jit, samples taken
 before the switch have no jitdump.  Exit status 0.
+
+perf is the one --perf names, else $PERF, else build/perf/usr/bin/perf
+of the repository whose build runs this (make deps-jit), else perf on
+PATH.
 
 Exit status 2: bad input or an error (no perf, perf too old for --jit, a
 process that is not this patched Python, ...), said in one line; 127: the
@@ -129,7 +173,8 @@ def add_parser(commands, formatter_class):
                         help="write into DIR even if it holds a perf.data")
     parser.add_argument("--jit", action="store_true",
                         help="backend perf_jit, DWARF unwinding and perf "
-                             "inject --jit (perf >= 6.8)")
+                             "inject --jit (perf >= 6.1; the only route "
+                             "without frame pointers)")
     parser.add_argument("-F", "--freq", type=int, default=DEFAULT_HZ,
                         metavar="HZ",
                         help=f"samples per second (default {DEFAULT_HZ})")
@@ -157,12 +202,28 @@ def add_parser(commands, formatter_class):
 # ----------------------------------------------------------------------
 # perf
 
+def _repository_perf():
+    """build/perf/usr/bin/perf (make deps-jit) of the repository whose
+    build runs this, or None: an installed Python has no repository."""
+    import sysconfig
+    if not sysconfig.is_python_build():
+        return None
+    # srcdir: ROOT/build/cpython (or another tree beside it).
+    root = os.path.dirname(os.path.dirname(
+        sysconfig.get_config_var("srcdir")))
+    path = os.path.join(root, "build", "perf", "usr", "bin", "perf")
+    return path if os.path.isfile(path) else None
+
+
 def find_perf(given, jit):
     """Path of the perf to run, checked to run (and, for --jit, to be new
-    enough); RecordError otherwise."""
-    name = given or os.environ.get("PERF") or "perf"
-    how = ("--perf" if given else "$PERF" if os.environ.get("PERF")
-           else "PATH")
+    enough): --perf, else $PERF, else the repository's, else perf on
+    PATH; RecordError otherwise."""
+    for name, how in ((given, "--perf"), (os.environ.get("PERF"), "$PERF"),
+                      (_repository_perf(), "make deps-jit"),
+                      ("perf", "PATH")):
+        if name:
+            break
     path = shutil.which(name) if os.sep not in name else name
     if path is None or not os.path.isfile(path):
         raise RecordError(f"no perf found ({name!r} from {how}): install "
@@ -184,12 +245,58 @@ def find_perf(given, jit):
     if jit and version < PERF_JIT_MIN:
         raise RecordError(
             f"--jit needs perf >= {PERF_JIT_MIN[0]}.{PERF_JIT_MIN[1]} (perf "
-            f"inject --jit of DWARF-unwound frames); {path} is "
+            f"inject --jit of DWARF-unwound frames; older ones were not "
+            f"tried); {path} is "
             f"{version[0]}.{version[1]}: name a newer one with --perf PATH "
-            f"or $PERF (Debian 12: linux-perf from bookworm-backports), or "
-            f"record without --jit on a build with frame pointers")
+            f"or PERF=PATH ('make deps-jit' puts 6.12 in the repository's "
+            f"build/perf/; Debian 12: linux-perf from bookworm-backports)")
     # Absolute: perf inject runs in the output directory.
     return os.path.abspath(path)
+
+
+# What this interpreter has (route()).
+FRAME_RECORDS = "frame records"
+NO_FRAME_POINTERS = "no frame pointers"
+EXTENSION = "perftramp311"
+
+
+def this_python():
+    """How perf can see this interpreter's Python functions: FRAME_RECORDS
+    (perf trampolines built in, with frame pointers), NO_FRAME_POINTERS
+    (built in, without) or EXTENSION (a stock 3.11 with perftramp311);
+    RecordError if it has none."""
+    if hasattr(sys, "activate_stack_trampoline"):
+        import sysconfig
+        if sysconfig.get_config_var("PY_WITHOUT_FRAME_POINTERS"):
+            return NO_FRAME_POINTERS
+        return FRAME_RECORDS
+    try:
+        import perftramp311
+    except ImportError:
+        raise RecordError(f"{sys.executable} has no perf trampolines: "
+                          f"install perftramp311 in it, or record with "
+                          f"the patched interpreter") from None
+    if perftramp311.REFUSED is not None:
+        raise RecordError(perftramp311.REFUSED)
+    return EXTENSION
+
+
+def route(args):
+    """Set args.jit for this interpreter: the frame-pointer route only
+    where it has frame records; RecordError for a --call-graph that
+    cannot walk its Python frames."""
+    python = this_python()
+    if python == FRAME_RECORDS or args.jit:
+        return
+    dwarf = args.call_graph is None or args.call_graph.startswith("dwarf")
+    if python == EXTENSION and not dwarf:
+        raise RecordError(f"--call-graph {args.call_graph}: a stock 3.11 "
+                          f"keeps no frame pointers, and perftramp311 "
+                          f"describes its frames for DWARF: give "
+                          f"--call-graph dwarf[,BYTES] or leave it out")
+    # Without frame pointers, a mode other than DWARF (lbr) is the
+    # user's choice, with the map.
+    args.jit = dwarf
 
 
 def record_options(args):
@@ -197,8 +304,11 @@ def record_options(args):
     _check_args())."""
     # -k 1: CLOCK_MONOTONIC, the clock of the jitdump's timestamps.
     options = ["-k", "1"] if args.jit else []
-    options += ["--call-graph",
-                args.call_graph or ("dwarf" if args.jit else "fp"),
+    # The binaries stay where they are: perf reads them there for the
+    # reports and perf report, as it reads the maps in /tmp.
+    options += ["--no-buildid-cache", "--call-graph",
+                args.call_graph or (f"dwarf,{DWARF_STACK}" if args.jit
+                                    else "fp"),
                 "-e", args.event, "-F", str(args.freq)]
     if args.all_cpus:
         options.append("-a")
@@ -208,8 +318,9 @@ def record_options(args):
 def inject(perf, out):
     """perf inject --jit from RAW_NAME into perf.data, in `out` (an
     _output.OutputDir); RecordError on failure."""
-    proc = subprocess.run([perf, "inject", "--jit", "-i", RAW_NAME, "-o",
-                           _reports.DATA_NAME], stdout=subprocess.PIPE,
+    proc = subprocess.run([*_reports.perf_command(perf, out), "inject",
+                           "--jit", "-i", RAW_NAME, "-o", _reports.DATA_NAME],
+                          stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, text=True,
                           errors="replace", **out.as_cwd())
     if proc.returncode != 0:
@@ -259,8 +370,27 @@ def _log_failure(out, returncode):
 # Runs between perf's fork and the command: back into our process group
 # (so the terminal's Ctrl-C reaches the command, not perf), our stdout and
 # stderr back in place of perf's log, perf's descriptor of the output
-# directory closed.  -I -S: no environment, no site; it ignores
-# PYTHONPERFSUPPORT, which the command gets.
+# directory closed.  In Perl where there is one: perf's DWARF unwinder
+# (6.1 and 6.12) takes the mappings of the image a process left by exec
+# for its new ones where they do not overlap, and a Python helper with a
+# shared libpython (pyenv's, a --enable-shared build's) lost the Python
+# frames of 3 of 6 recordings of such a Python; a Perl helper, 0 of 10.
+# The Python helper (-I -S: no environment, no site; it ignores
+# PYTHONPERFSUPPORT, which the command gets) is for hosts without perl.
+_EXEC_HELPER_PERL = """\
+use POSIX ();
+my ($pgid, $out_fd, $err_fd, $dir_fd, @command) = @ARGV;
+POSIX::setpgid(0, $pgid);
+for ([$out_fd, 1], [$err_fd, 2]) {
+    POSIX::dup2($_->[0], $_->[1]);
+    POSIX::close($_->[0]);
+}
+POSIX::close($dir_fd);
+exec { $command[0] } @command;
+my $status = $!{ENOENT} ? 127 : 126;
+print STDERR "perf_trampoline: cannot run $command[0]: $!\\n";
+POSIX::_exit($status);
+"""
 _EXEC_HELPER = """\
 import os, sys
 pgid, out_fd, err_fd, dir_fd, *command = sys.argv[1:]
@@ -279,6 +409,14 @@ except OSError as exc:
                      f"{exc.strerror}\\n")
     os._exit(127 if isinstance(exc, FileNotFoundError) else 126)
 """
+
+
+def _exec_helper():
+    """The exec helper's command line, before its arguments."""
+    perl = shutil.which("perl")
+    if perl is not None:
+        return [perl, "-e", _EXEC_HELPER_PERL]
+    return [sys.executable, "-I", "-S", "-c", _EXEC_HELPER]
 
 
 def _spawn(args, log_fd, env, old_mask):
@@ -334,6 +472,73 @@ def _signal_name(signum):
 
 # ----------------------------------------------------------------------
 # Recording
+
+class _JitFiles:
+    """The files of the --jit route in /tmp: the jitdumps of the recorded
+    processes, and the ELF files perf inject --jit writes beside them,
+    jitted-PID-N.so.  Once perf.data is injected, perf finds those in
+    DIR/debug, by build id, and needs neither.  Our own are removed: the
+    jitdumps new since recording began (or of the process -p named) of
+    processes that have exited, and all the ELF files of those processes.
+    In a sticky /tmp no other user can put anything else under a name we
+    checked."""
+
+    DUMP_RE = re.compile(r"jit-([0-9]+)\.dump")
+    ELF_RE = re.compile(r"jitted-([0-9]+)-[0-9]+\.so")
+
+    def __init__(self, pid=None):
+        self.pids = set() if pid is None else {pid}
+        with self._tmp() as fd:
+            self.before = {name: (st.st_dev, st.st_ino) for name, (_, st)
+                           in self._scan(fd, self.DUMP_RE).items()}
+
+    @staticmethod
+    @contextlib.contextmanager
+    def _tmp():
+        fd = os.open("/tmp", os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
+                     | os.O_CLOEXEC)
+        try:
+            yield fd
+        finally:
+            os.close(fd)
+
+    @staticmethod
+    def _scan(fd, pattern):
+        """{name: (pid, stat)} of the regular files in the directory `fd`
+        whose names match `pattern`."""
+        found = {}
+        with os.scandir(fd) as entries:
+            for entry in entries:
+                match = pattern.fullmatch(entry.name)
+                if match is None:
+                    continue
+                try:
+                    st = entry.stat(follow_symlinks=False)
+                except OSError:
+                    continue            # removed meanwhile
+                if stat.S_ISREG(st.st_mode):
+                    found[entry.name] = (int(match.group(1)), st)
+        return found
+
+    def remove(self):
+        """Remove ours; return the paths removed."""
+        removed = []
+        with self._tmp() as fd:
+            dumps = self._scan(fd, self.DUMP_RE)
+            pids = self.pids | {
+                pid for name, (pid, st) in dumps.items()
+                if self.before.get(name) != (st.st_dev, st.st_ino)}
+            elves = self._scan(fd, self.ELF_RE)
+            for name, (pid, st) in [*elves.items(), *dumps.items()]:
+                if (pid in pids and st.st_uid == os.geteuid()
+                        and (name in elves or not _alive(pid))):
+                    try:
+                        os.unlink(name, dir_fd=fd)
+                    except FileNotFoundError:
+                        continue
+                    removed.append(os.path.join("/tmp", name))
+        return removed
+
 
 class _Progress:
     """Elapsed time and perf.data's size on stderr: one updating line on a
@@ -426,7 +631,7 @@ class Recorder:
             std_fds = [os.dup(1), os.dup(2)]
             for fd in std_fds:
                 os.set_inheritable(fd, True)
-            args += ["--", sys.executable, "-I", "-S", "-c", _EXEC_HELPER,
+            args += ["--", *_exec_helper(),
                      str(os.getpgrp()), *map(str, std_fds), str(dir_fd),
                      *target]
         try:
@@ -728,6 +933,7 @@ def run(args):
     _fill_closed_std_fds()
     try:
         command = _check_args(args)
+        route(args)
         perf = find_perf(args.perf, args.jit)
         if args.pid is not None:
             _status(args.pid)
@@ -741,6 +947,8 @@ def run(args):
         watched = {signal.SIGINT, signal.SIGTERM}
         old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, watched)
         recorder = Recorder(args, perf, out, old_mask)
+        jit_files = _JitFiles(args.pid) if args.jit else None
+        removed = []
         try:
             if command:
                 samples = _record_command(recorder, command)
@@ -752,6 +960,7 @@ def run(args):
             recorder.close_maps()
             if args.jit and samples:
                 inject(perf, out)
+                removed = jit_files.remove()
         except RecordError as exc:
             _warn(exc)
             return exc.status
@@ -762,6 +971,7 @@ def run(args):
             while signal.sigtimedwait(watched, 0) is not None:
                 pass
             signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
+        host_maps = [path for path in host_maps if path not in removed]
         return _report(recorder, perf, out, command, samples, host_maps)
 
 
@@ -775,12 +985,13 @@ def _report(recorder, perf, out, command, samples, host_maps):
         elif exit_code:
             _warn(f"the command exited with status {exit_code}")
     paths = [recorder.data] if samples else []
+    summary = {}
     if samples:
         try:
             # A report this perf cannot write (gecko.json) is said in
             # --help, not here on every run.
-            paths += [path for _, path in _reports.write_reports(perf, out)
-                      if path is not None]
+            paths += [path for _, path in _reports.write_reports(
+                perf, out, summary) if path is not None]
         except _reports.ReportError as exc:
             _warn(f"no reports: {exc}")
             exit_code = exit_code or 2
@@ -791,6 +1002,45 @@ def _report(recorder, perf, out, command, samples, host_maps):
     else:
         _warn("perf recorded no samples: no reports")
     _warn(f"{samples} samples")
+    if "stacks" in summary:
+        _warn_cut_short(recorder.args, summary["stacks"])
+        if not any(_reports.is_python_frame(name)
+                   for stack in summary["stacks"] for name, _ in stack):
+            _warn(f"no Python function was named: a Python program must "
+                  f"run on a Python with perf trampolines, such as "
+                  f"{sys.executable}")
+    if samples:
+        _warn("perf report: " + shlex.join(
+            [perf, "--buildid-dir", out.join(_reports.BUILDID_NAME),
+             "report", "--max-stack", str(_reports.MAX_STACK), "-i",
+             recorder.data]))
     for path in paths + list(host_maps):
         print(path, file=sys.stderr)
     return exit_code
+
+
+def _dwarf_stack(args):
+    """The bytes of stack perf copied per sample, or None without
+    DWARF."""
+    mode = args.call_graph or (f"dwarf,{DWARF_STACK}" if args.jit else "fp")
+    if not mode.startswith("dwarf"):
+        return None
+    # perf's own default for a bare "dwarf".
+    return int(mode.partition(",")[2] or 8192)
+
+
+def _warn_cut_short(args, stacks):
+    """Say so if more than DWARF_CUT_WARN of the samples were cut short
+    by the bytes of stack perf copied, with the size to try."""
+    size = _dwarf_stack(args)
+    cut, total = _reports.cut_short(stacks)
+    if size is None or not total or cut <= DWARF_CUT_WARN * total:
+        return
+    share = f"{cut / total:.0%} of the samples were cut short"
+    if size < DWARF_STACK_MAX:
+        _warn(f"{share} ({size} bytes of stack copied per sample): try "
+              f"--call-graph dwarf,{min(2 * size, DWARF_STACK_MAX)}")
+    else:
+        _warn(f"{share}, with the most perf copies per sample "
+              f"({DWARF_STACK_MAX} bytes of stack): a build with frame "
+              f"pointers walks the whole stack")

@@ -56,7 +56,7 @@ import tempfile
 
 from perf_trampoline import _output
 
-__all__ = ["write_reports", "fold_python", "ReportError"]
+__all__ = ["write_reports", "fold_python", "cut_short", "ReportError"]
 
 TEMPLATE = os.path.join(os.path.dirname(__file__), "d3-flamegraph-base.html")
 # The template's placeholders, as perf's flamegraph.py fills them.
@@ -66,9 +66,26 @@ OPTIONS_PLACEHOLDER = "/** @options_json **/"
 TEMPLATE_MARK = '<meta name="template_version"'
 
 DATA_NAME = "perf.data"
+# perf's build-id cache, in the output directory (perf --buildid-dir),
+# not in ~/.debug: after perf inject --jit, the only copy of the ELF
+# files that describe the Python functions.
+BUILDID_NAME = "debug"
 EVALUATOR = "_PyEval_EvalFrameDefault"
 PYTHON_PREFIX = "py::"
 SCRIPT_FIELDS = "comm,pid,tid,ip,sym,dso"
+# The image perf gives a function inlined in another (from debug info).
+INLINED = "inlined"
+# Frames perf script and perf report show of a stack: their default is
+# the kernel's bound for frame-pointer walks, kernel.perf_event_max_stack
+# (127), which would cut the whole stacks that DWARF unwinds (a
+# docutils run under perftramp311 reaches 324).
+MAX_STACK = 2048
+# The outermost frame of a whole stack: a process's entry point (perf's
+# unwinder may stop in the C library's part of it), or the system call
+# that started a thread.
+START_FRAMES = {"_start", "__libc_start_main", "__libc_start_main_impl",
+                "__libc_start_call_main", "clone", "clone3", "__clone",
+                "__clone3"}
 
 # "python  1234/1234  " (a sample; with no call chain, its ip, symbol and
 # image follow) and "\t    7f12 name (/path/of/image)" (a frame).  The
@@ -112,6 +129,21 @@ def fold_python(stack, interpreter):
                  or frame[1] not in interpreter)
 
 
+def cut_short(stacks):
+    """(samples cut short, samples with user frames) of `stacks` (stack ->
+    count) recorded with DWARF: perf copies a bounded part of the stack
+    with each sample, and a stack whose outermost user frame is not where
+    a process or thread starts was cut short there."""
+    cut = total = 0
+    for stack, count in stacks.items():
+        frames = [frame for frame in stack[1:] if _libtype(frame[1]) == ""]
+        if frames:
+            total += count
+            if frames[0][0] not in START_FRAMES:
+                cut += count
+    return cut, total
+
+
 # ----------------------------------------------------------------------
 # Reading perf script
 
@@ -123,11 +155,26 @@ def _process_frame(comm, pid):
 
 
 def _parse_frame(text):
+    """(address, (name, image)) of a frame line, or None."""
     match = FRAME_RE.match(text.strip())
     if match is None:
         return None
-    _, name, image = match.groups()
-    return (name.strip() or "[unknown]", image or "[unknown]")
+    address, name, image = match.groups()
+    return address, (name.strip() or "[unknown]", image or "[unknown]")
+
+
+def _inlined_images(frames):
+    """`frames` ((address, (name, image)), innermost first) as (name,
+    image) pairs, a function inlined in another given the image of the
+    one it is inlined in: perf names it "(inlined)" and puts it before
+    that one, at the same address."""
+    found = []
+    for i, (address, (name, image)) in enumerate(frames):
+        if image == INLINED:
+            image = next((later for at, (_, later) in frames[i + 1:]
+                          if at == address and later != INLINED), image)
+        found.append((name, image))
+    return found
 
 
 def parse_script(lines):
@@ -140,7 +187,7 @@ def parse_script(lines):
 
     def finish():
         if process is not None and frames:
-            stack = (process, *reversed(frames))
+            stack = (process, *reversed(_inlined_images(frames)))
             stacks[stack] = stacks.get(stack, 0) + 1
 
     for line in lines:
@@ -240,6 +287,13 @@ def read_template():
 # ----------------------------------------------------------------------
 # Running perf
 
+def perf_command(perf, out):
+    """The start of a perf command line run in the output directory `out`
+    (out.as_cwd()): its build-id cache is the directory's.  A relative
+    path would do for reading, but perf adds nothing to a cache so named."""
+    return [perf, "--buildid-dir", f"/proc/self/fd/{out.fd}/{BUILDID_NAME}"]
+
+
 class _Perf:
     """The perf executable, its report scripts, and the recording
     perf.data in an output directory, in which it runs (it writes there
@@ -250,6 +304,7 @@ class _Perf:
         if path is None:
             raise ReportError(f"{perf}: no such executable")
         self.path = os.path.abspath(path)
+        self.command = perf_command(self.path, out)
         try:
             is_file = stat.S_ISREG(out.lstat(DATA_NAME).st_mode)
         except FileNotFoundError:
@@ -291,7 +346,7 @@ class _Perf:
         question gets end of file, not a wait."""
         try:
             proc = subprocess.run(
-                [self.path, *args], env=self.env, stdin=subprocess.DEVNULL,
+                [*self.command, *args], env=self.env, stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                 errors="replace", **self.out.as_cwd())
         except OSError as exc:
@@ -309,7 +364,8 @@ class _Perf:
         is the proof."""
         path = self.script_path(name)
         self.out.unlink(output)
-        self.run(["script", "-i", DATA_NAME, "-s", path, "--", *args],
+        self.run(["script", "-i", DATA_NAME, "--max-stack", str(MAX_STACK),
+                  "-s", path, "--", *args],
                  f"perf script -s {name}")
         if not self.out.exists(output):
             raise ReportError(f"perf script -s {name} wrote no "
@@ -331,8 +387,9 @@ class _Perf:
         with tempfile.TemporaryFile("w+", errors="replace") as err:
             try:
                 proc = subprocess.Popen(
-                    [self.path, "script", "-i", DATA_NAME, "-F",
-                     SCRIPT_FIELDS], env=self.env,
+                    [*self.command, "script", "-i", DATA_NAME,
+                     "--max-stack", str(MAX_STACK), "-F", SCRIPT_FIELDS],
+                    env=self.env,
                     stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                     stderr=err, text=True, errors="replace",
                     **self.out.as_cwd())
@@ -349,18 +406,21 @@ class _Perf:
         return stacks
 
 
-def write_reports(perf, out):
+def write_reports(perf, out, summary=None):
     """Write the reports of the recording perf.data in `out` (already
     through perf inject --jit for a jitdump) into `out`, with the perf
     executable `perf`.  `out` is an _output.OutputDir, or the path of
     one to open here (and make if missing).  Returns [(description,
     path)], one per report; path is None for a report this perf cannot
-    write, and the description says why.  Raises ReportError(message)."""
+    write, and the description says why.  A dict `summary` gets the
+    recording's "stacks" (stack -> samples).  Raises
+    ReportError(message)."""
+    summary = {} if summary is None else summary
     try:
         if isinstance(out, str):
             with _output.OutputDir.open(out) as opened:
-                return _write_reports(perf, opened)
-        return _write_reports(perf, out)
+                return _write_reports(perf, opened, summary)
+        return _write_reports(perf, out, summary)
     except _output.UnsafeError as exc:
         raise ReportError(str(exc)) from None
     except OSError as exc:
@@ -375,10 +435,10 @@ def _write_flame_graph(out, name, template, stacks, context):
                                        context))
 
 
-def _write_reports(perf, out):
+def _write_reports(perf, out, summary):
     template = read_template()
     perf = _Perf(perf, out)
-    stacks = perf.stacks()
+    stacks = summary["stacks"] = perf.stacks()
     interpreter = interpreter_images(stacks)
     python = {}
     for stack, count in stacks.items():

@@ -10,9 +10,17 @@ through a jitdump (/tmp/jit-PID.dump) with unwind tables, for
     status()        what is switched on, and any other frame evaluator
 
 Switched on without editing the program: ``python3.11 -m perftramp311
-app.py`` or ``PYTHONPERFSUPPORT=1`` (perftramp311.pth, child processes
-too).  On an interpreter with perf trampolines built in, the built-in
-feature stays in charge.
+app.py``, or a variable (perftramp311.pth, child processes too).  What
+each switches on, where it is a nonzero integer:
+
+                            built-in feature    perftramp311
+    PYTHONPERFSUPPORT       perf (the map)      perf_jit
+    PYTHON_PERF_JIT_SUPPORT perf_jit            perf_jit
+
+and perf_jit where both are.  Stock builds keep no frame pointers, so
+the map's frames could not be walked there.  On an interpreter with perf
+trampolines built in, the built-in feature stays in charge and reads
+them itself.
 """
 
 import os
@@ -27,6 +35,7 @@ REFUSED = None
 #: This interpreter has perf trampolines of its own.
 BUILT_IN = hasattr(sys, "activate_stack_trampoline")
 _ext = None         # the extension module, once loaded and checked
+_environment_read = False
 
 if sys.version_info[:2] != (3, 11) or sys.implementation.name != "cpython":
     REFUSED = ("perftramp311: needs CPython 3.11, this is %s %d.%d.%d"
@@ -107,17 +116,51 @@ def status():
     return text
 
 
+# The variables of the table above, in the order the interpreter reads
+# them: the last one on decides.
+SWITCHES = ("PYTHONPERFSUPPORT", "PYTHON_PERF_JIT_SUPPORT")
+
+
+def _switched_on(name):
+    """Whether the variable `name` is on, as the interpreter reads it: a
+    nonzero integer; empty or unset is off, anything else off with a
+    warning."""
+    value = os.environ.get(name, "")
+    if not value:
+        return False
+    try:
+        # int() would take what the interpreter does not: "1 ", "1_0".
+        if value != value.rstrip() or "_" in value:
+            raise ValueError
+        return int(value) != 0
+    except ValueError:
+        print("perftramp311: %s is not an integer; taken as 0" % name,
+              file=sys.stderr)
+        return False
+
+
+def backend_from_environment():
+    """The backend the variables switch on here (the table in this
+    module's help), or None."""
+    if BUILT_IN or sys.flags.ignore_environment:
+        return None     # the interpreter reads them itself, or not at all
+    on = [name for name in SWITCHES if _switched_on(name)]
+    return "perf_jit" if on else None
+
+
 def _from_environment():
-    """The .pth hook: PYTHONPERFSUPPORT=1 (or any value but 0 and empty)
-    switches on at startup; a failure is one line, never a stopped
-    program."""
-    value = os.environ.get("PYTHONPERFSUPPORT", "")
-    if value in ("", "0") or BUILT_IN:
-        return      # off, or the interpreter reads the variable itself
-    if sys.flags.ignore_environment:
+    """The .pth hook: a failure is one line, never a stopped program.
+    In a venv site reads the .pth twice (site.venv() and site.main()
+    each add its site-packages): once is enough."""
+    global _environment_read
+    if _environment_read:
+        return
+    _environment_read = True
+    backend = backend_from_environment()
+    if backend is None:
         return
     try:
-        activate()
+        activate(backend)
     except Exception as exc:
         print(exc if isinstance(exc, RefusedError) else
               "perftramp311: not switched on: %s" % exc, file=sys.stderr)

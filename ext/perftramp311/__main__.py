@@ -1,11 +1,9 @@
 """Run a program with perf trampolines switched on, as the interpreter
-would run it, or record it under perf's DWARF unwinder."""
+would run it, or record it with perf_trampoline's record."""
 
 import argparse
 import os
 import runpy
-import signal
-import subprocess
 import sys
 import types
 
@@ -17,26 +15,16 @@ PROGRAMS = "app.py, -m MODULE or -c COMMAND"
 RUN_EPILOG = f"""\
 PROGRAM is {PROGRAMS}, as the interpreter takes
 them; its own arguments follow it, its -m and -c included.  A script
-named "record" runs as ./record; to record the program with perf:
+named "record" runs as ./record.  To record the program with perf, and
+get its flame graphs:
 
-  {PROG} record --help
+  {PROG} record [options] {PROGRAM_USAGE}
+
+which is python3.11 -m perf_trampoline record [options] -- python3.11
+{PROGRAM_USAGE} ("{PROG} record --help" lists the options).
 
 Exit status: the program's; 2 for a usage error or a program that cannot
 be found.
-"""
-RECORD_EPILOG = f"""\
-PROGRAM is {PROGRAMS}, as for {PROG}.
-
-Runs perf record -k 1 --call-graph dwarf -e cpu-clock on the program
-(PYTHONPERFSUPPORT=1), then perf inject --jit, which needs perf 6.8 or
-newer ($PERF, else perf on the PATH): DIR/perf.data is ready for perf
-report, which stderr says; stdout is the program's own.  DIR (default:
-perf-record-YYYYmmdd-HHMMSS here) is checked as perf_trampoline record
-checks it: one holding a perf.data is refused unless --force, as is one
-reached through a symbolic link, or that another user could write in.
-
-Exit status: the program's (128+N if signal N killed it); 2 for bad
-input or an error, said in one line.
 """
 
 
@@ -107,93 +95,31 @@ def _check_program(program):
 
 
 # ----------------------------------------------------------------------
-# record
-
-def record_parser():
-    from perf_trampoline._record import DEFAULT_HZ
-    parser = argparse.ArgumentParser(
-        prog=f"{PROG} record",
-        usage=f"%(prog)s [options] {PROGRAM_USAGE}",
-        description="Record the program with perf, its Python functions "
-                    "named.",
-        epilog=RECORD_EPILOG, allow_abbrev=False,
-        formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("-o", "--output", metavar="DIR",
-                        help="the directory to write perf.data into")
-    parser.add_argument("-F", "--freq", type=int, default=DEFAULT_HZ,
-                        metavar="HZ",
-                        help=f"samples per second (default {DEFAULT_HZ})")
-    parser.add_argument("--force", action="store_true",
-                        help="overwrite the perf.data in DIR")
-    parser.add_argument("--perf", metavar="PATH",
-                        help="the perf to run (default: $PERF, else perf "
-                             "on PATH)")
-    return parser
-
-
-def _run_perf(perf, out, args):
-    """perf record on the program; the CompletedProcess."""
-    from perf_trampoline import _record
-    # Ctrl-C reaches perf and the program, and us: a handler, not SIG_IGN,
-    # which they would inherit, keeps us waiting while perf writes its
-    # data.  (perf_trampoline record keeps perf out of the terminal's
-    # process group with an exec helper; the second exec loses the
-    # Python frames of a shared libpython's process, pyenv's, at random.)
-    handler = signal.signal(signal.SIGINT, lambda signum, frame: None)
-    try:
-        # -k 1: the jitdump's timestamps are CLOCK_MONOTONIC.  perf
-        # writes by path: the directory and those above it are checked
-        # already, so no other user can put a link on the way.
-        return subprocess.run(
-            [perf, "record", "-k", "1", "--call-graph", "dwarf",
-             "-e", "cpu-clock", "-F", str(args.freq),
-             "-o", out.join(_record.RAW_NAME),
-             sys.executable, *args.program],
-            env=dict(os.environ, PYTHONPERFSUPPORT="1"))
-    finally:
-        signal.signal(signal.SIGINT, handler)
-
+# record: perf_trampoline's, the program run by this interpreter
 
 def record(argv):
-    # perf_trampoline (installed with this package) records for the
-    # patched interpreter: its checks of perf and of the output directory
-    # and its perf inject are used as they are.
-    from perf_trampoline import _record, _reports
-    parser = record_parser()
-    args = _parse(parser, argv, {"-o", "--output", "-F", "--freq",
-                                 "--perf"})
-    if args.freq <= 0:
-        parser.error("-F HZ must be a positive number")
-    try:
-        _check_program(args.program)
-        perf = _record.find_perf(args.perf, jit=True)
-        out = _record._out_dir(args)
-    except (ProgramError, _record.RecordError) as exc:
-        print(f"perftramp311: {exc}", file=sys.stderr)
-        return 2
-    with out:
-        # What a failed perf inject left is not this recording.
-        out.unlink(_record.RAW_NAME)
-        proc = _run_perf(perf, out, args)
-        # perf ends as its command did: killed by its signal, too.
-        status = proc.returncode
-        if status < 0:
-            print(f"perftramp311: the program was killed by "
-                  f"{_record._signal_name(-status)}", file=sys.stderr)
-            status = 128 - status
-        if not out.exists(_record.RAW_NAME):
-            print(f"perftramp311: perf record wrote no "
-                  f"{out.join(_record.RAW_NAME)} (exit {status})",
-                  file=sys.stderr)
-            return 2
+    """`record [options] PROGRAM [ARG...]` is `python3.11 -m
+    perf_trampoline record [options] -- python3.11 PROGRAM [ARG...]`."""
+    from perf_trampoline import __main__ as tools
+    _, commands = tools._parser()
+    parser = commands.choices["record"]
+    with_value = {option for action in parser._actions if action.nargs != 0
+                  for option in action.option_strings}
+    ours, program = _split(argv, with_value)
+    if {"-h", "--help"} & set(ours):
+        print(f"{PROG} record [options] {PROGRAM_USAGE} is\n"
+              f"python3.11 -m perf_trampoline record [options] -- "
+              f"python3.11 {PROGRAM_USAGE}:\n", flush=True)
+    # Its usage errors (exit 2) before the program is looked for.
+    parser.parse_args(ours)
+    if program:
         try:
-            _record.inject(perf, out)
-        except _record.RecordError as exc:
+            _check_program(program)
+        except ProgramError as exc:
             print(f"perftramp311: {exc}", file=sys.stderr)
-            return exc.status
-        data = out.join(_reports.DATA_NAME)
-    print(f"perftramp311: perf report -i {data}", file=sys.stderr)
-    return status
+            return 2
+        ours += ["--", sys.executable, *program]
+    return tools.main(["record", *ours])
 
 
 # ----------------------------------------------------------------------
@@ -258,9 +184,6 @@ def run(argv):
 
 def main(argv):
     if argv[:1] == ["record"]:
-        if perftramp311.REFUSED is not None:
-            print(perftramp311.REFUSED, file=sys.stderr)
-            return 2
         return record(argv[1:])
     return run(argv)
 

@@ -11,8 +11,10 @@ skip.
 """
 
 import glob
+import json
 import os
 import re
+import shlex
 import shutil
 import signal
 import struct
@@ -48,6 +50,13 @@ def skip_or_fail(why):
         raise AssertionError(why + " (required here: CI=true or "
                              "PERF_TESTS_REQUIRED=1)")
     raise unittest.SkipTest(why)
+
+
+def scratch(test):
+    """A directory removed when `test` ends."""
+    tmp = tempfile.TemporaryDirectory()
+    test.addCleanup(tmp.cleanup)
+    return tmp.name
 
 
 def environment(**extra):
@@ -96,16 +105,21 @@ def jitdump_names(pid):
     return names
 
 
+def profiler_files():
+    """The perf maps and jitdumps in /tmp, and the ELF files perf inject
+    --jit wrote beside them."""
+    return set(glob.glob("/tmp/perf-*.map") + glob.glob("/tmp/jit-*.dump")
+               + glob.glob("/tmp/jitted-*-*.so"))
+
+
 class FilesMixin:
     """Remove the profiler files of the processes the test started."""
 
     def setUp(self):
-        self.before = set(glob.glob("/tmp/perf-*.map")
-                          + glob.glob("/tmp/jit-*.dump"))
+        self.before = profiler_files()
 
     def tearDown(self):
-        for path in set(glob.glob("/tmp/perf-*.map")
-                        + glob.glob("/tmp/jit-*.dump")) - self.before:
+        for path in profiler_files() - self.before:
             try:
                 os.unlink(path)
             except OSError:
@@ -290,6 +304,39 @@ class TestStockInterpreter(FilesMixin, unittest.TestCase):
                    "is_active())"], env=environment(PYTHONPERFSUPPORT="0"))
         self.assertEqual(off.stdout, "False\n")
 
+    def test_environment_rule(self):
+        # As the interpreter reads them: a nonzero integer switches on,
+        # anything else off (with a warning unless empty); under the
+        # extension both variables mean the jitdump.
+        code = ("import os, perftramp311; print(os.getpid(), "
+                "perftramp311.status())")
+        for variables, status, warning in (
+                ({"PYTHON_PERF_JIT_SUPPORT": "1"}, "active (perf_jit)", ""),
+                ({"PYTHONPERFSUPPORT": "2"}, "active (perf_jit)", ""),
+                ({"PYTHONPERFSUPPORT": "1",
+                  "PYTHON_PERF_JIT_SUPPORT": "0"}, "active (perf_jit)", ""),
+                ({"PYTHONPERFSUPPORT": "0"}, "inactive", ""),
+                ({"PYTHON_PERF_JIT_SUPPORT": ""}, "inactive", ""),
+                ({"PYTHONPERFSUPPORT": "yes"}, "inactive",
+                 "perftramp311: PYTHONPERFSUPPORT is not an integer; "
+                 "taken as 0\n"),
+                ({"PYTHON_PERF_JIT_SUPPORT": "1 "}, "inactive",
+                 "perftramp311: PYTHON_PERF_JIT_SUPPORT is not an integer; "
+                 "taken as 0\n")):
+            with self.subTest(variables=variables):
+                proc = run(["-c", code], env=environment(**variables))
+                self.assertEqual(proc.returncode, 0, proc.stderr)
+                self.assertEqual(proc.stderr, warning)
+                pid, got = proc.stdout.rstrip("\n").split(" ", 1)
+                self.assertEqual(got, status)
+                if status != "inactive":
+                    self.assertIn("py::<module>:<string>",
+                                  jitdump_names(int(pid)))
+        # -E: the interpreter ignores PYTHON* variables, and so do we.
+        proc = run(["-E", "-c", code],
+                   env=environment(PYTHON_PERF_JIT_SUPPORT="1"))
+        self.assertEqual(proc.stdout.split(" ", 1)[1], "inactive\n")
+
     def test_runner_script_and_module(self):
         with tempfile.TemporaryDirectory() as tmp:
             with open(os.path.join(tmp, "app.py"), "w") as f:
@@ -393,13 +440,12 @@ class TestStockInterpreter(FilesMixin, unittest.TestCase):
 
 
 class TestCommandLine(unittest.TestCase):
-    """python3.11 -m perftramp311: help, versions and every mistake said
-    in a line or two, never a traceback; record stops before perf."""
+    """python3.11 -m perftramp311 and -m perf_trampoline: help, versions
+    and every mistake said in a line or two, never a traceback; record
+    stops before perf."""
 
     def setUp(self):
-        tmp = tempfile.TemporaryDirectory()
-        self.addCleanup(tmp.cleanup)
-        self.tmp = tmp.name
+        self.tmp = scratch(self)
         # A perf that says its version and logs what it was asked.
         self.perf_log = os.path.join(self.tmp, "perf.log")
         self.perf = os.path.join(self.tmp, "perf")
@@ -408,9 +454,12 @@ class TestCommandLine(unittest.TestCase):
                     f'echo "perf version 6.12.0"\n')
         os.chmod(self.perf, 0o755)
 
-    def main(self, *args):
-        return run(["-m", "perftramp311", *args], cwd=self.tmp,
+    def main(self, *args, module="perftramp311"):
+        return run(["-m", module, *args], cwd=self.tmp,
                    env=environment(PERF=self.perf))
+
+    def tools(self, *args):
+        return self.main(*args, module="perf_trampoline")
 
     def perf_asked(self):
         try:
@@ -419,27 +468,40 @@ class TestCommandLine(unittest.TestCase):
         except FileNotFoundError:
             return []
 
-    def assert_error(self, proc, line, usage=False):
-        """Exit status 2, `line` the last line of stderr (after a usage
-        line if `usage`), nothing on stdout."""
+    def assert_error(self, proc, line, usage=None):
+        """Exit status 2, `line` the last line of stderr, after the usage
+        of `usage` (a program and command) if given, nothing on
+        stdout."""
         self.assertEqual(proc.returncode, 2, proc.stderr)
         self.assertEqual(proc.stdout, "")
         lines = proc.stderr.splitlines()
         self.assertEqual(lines[-1], line)
-        self.assertEqual(len(lines), 2 if usage else 1, proc.stderr)
-        if usage:
-            self.assertRegex(lines[0], r"^usage: python3\.11 -m perftramp311 ")
+        if usage is None:
+            self.assertEqual(len(lines), 1, proc.stderr)
+        else:
+            self.assertTrue(lines[0].startswith(f"usage: {usage} "),
+                            proc.stderr)
+            self.assertNotIn("Traceback", proc.stderr)
 
     def test_help(self):
-        for args, usage in ((["--help"], "[options] PROGRAM"),
-                            (["record", "--help"], "record [options]")):
+        for args, start in (
+                (["--help"], "usage: python3.11 -m perftramp311 [options] "
+                             "PROGRAM"),
+                (["record", "--help"],
+                 "python3.11 -m perftramp311 record [options] PROGRAM "
+                 "[ARG...] is\npython3.11 -m perf_trampoline record "
+                 "[options] -- python3.11 PROGRAM [ARG...]:\n\nusage: "
+                 "python3.11 -I -m perf_trampoline record [options]")):
             with self.subTest(args=args):
                 proc = self.main(*args)
                 self.assertEqual(proc.returncode, 0, proc.stderr)
                 self.assertEqual(proc.stderr, "")
-                self.assertTrue(proc.stdout.startswith(
-                    "usage: python3.11 -m perftramp311 " + usage),
-                    proc.stdout)
+                self.assertTrue(proc.stdout.startswith(start), proc.stdout)
+        proc = self.tools("record", "--help")
+        self.assertEqual((proc.returncode, proc.stderr), (0, ""))
+        self.assertTrue(proc.stdout.startswith(
+            "usage: python3.11 -I -m perf_trampoline record "), proc.stdout)
+        self.assertEqual(self.perf_asked(), [])
 
     def test_version(self):
         proc = self.main("--version")
@@ -448,34 +510,55 @@ class TestCommandLine(unittest.TestCase):
             perftramp311.__version__, sys.version.split()[0]))
 
     def test_tools_installed_beside(self):
-        # perf_trampoline, the operators' tools, comes with the package.
-        proc = run(["-m", "perf_trampoline", "--version"])
+        # perf_trampoline, the operators' tools, comes with the package,
+        # and the template of its flame graphs with it.
+        proc = self.tools("--version")
         self.assertEqual(proc.returncode, 0, proc.stderr)
         self.assertEqual(proc.stdout, "perf trampolines perftramp311 %s on "
                          "Python %s\n" % (perftramp311.__version__,
                                           sys.version.split()[0]))
-        proc = run(["-m", "perf_trampoline", "--help"])
+        proc = self.tools("--help")
         self.assertEqual(proc.returncode, 0, proc.stderr)
         self.assertIn("record", proc.stdout)
+        from perf_trampoline import _reports
+        self.assertIn(_reports.STACKS_PLACEHOLDER, _reports.read_template())
 
     def test_usage_errors(self):
         prog = "python3.11 -m perftramp311"
-        for args, error in (
+        record = "python3.11 -I -m perf_trampoline record"
+        for args, error, usage in (
                 (["--bakend", "perf", "app.py"],
-                 f"{prog}: error: unrecognized arguments: --bakend"),
+                 f"{prog}: error: unrecognized arguments: --bakend", prog),
                 (["--backend", "perfmap", "app.py"],
                  f"{prog}: error: argument --backend: invalid choice: "
-                 f"'perfmap' (choose from 'perf_jit', 'perf')"),
+                 f"'perfmap' (choose from 'perf_jit', 'perf')", prog),
                 (["-m"], f"{prog}: error: argument -m: expected one "
-                         f"argument"),
+                         f"argument", prog),
                 ([], f"{prog}: error: give the program to run: app.py, "
-                     f"-m MODULE or -c COMMAND"),
+                     f"-m MODULE or -c COMMAND", prog),
                 (["record", "-F", "0", "app.py"],
-                 f"{prog} record: error: -F HZ must be a positive number"),
+                 "perf_trampoline: -F HZ must be a positive number", None),
                 (["record", "--ouput", "x", "app.py"],
-                 f"{prog} record: error: unrecognized arguments: --ouput")):
+                 f"{record}: error: unrecognized arguments: --ouput",
+                 record),
+                (["record", "--call-graph", "fp", "app.py"],
+                 "perf_trampoline: --call-graph fp: a stock 3.11 keeps no "
+                 "frame pointers, and perftramp311 describes its frames "
+                 "for DWARF: give --call-graph dwarf[,BYTES] or leave it "
+                 "out", None)):
             with self.subTest(args=args):
-                self.assert_error(self.main(*args), error, usage=True)
+                with open(os.path.join(self.tmp, "app.py"), "w"):
+                    pass
+                self.assert_error(self.main(*args), error, usage)
+        for args, error in (
+                (["record", "--bakend", "x", "--", "true"],
+                 f"{record}: error: unrecognized arguments: --bakend"),
+                (["attach"], "python3.11 -I -m perf_trampoline attach: "
+                             "error: the following arguments are required: "
+                             "pid")):
+            with self.subTest(args=args):
+                proc = self.tools(*args)
+                self.assert_error(proc, error, error.partition(":")[0])
         self.assertEqual(self.perf_asked(), [])
 
     def test_missing_program(self):
@@ -491,19 +574,34 @@ class TestCommandLine(unittest.TestCase):
                  "no module named 'nosuch_module'")):
             with self.subTest(args=args):
                 self.assert_error(self.main(*args), "perftramp311: " + error)
+        # A command that is not found: 127, as env(1) says it.
+        proc = self.tools("record", "-o", "out", "--", "no-such-command")
+        self.assertEqual((proc.returncode, proc.stderr),
+                         (127, "perf_trampoline: command not found: "
+                               "no-such-command: check its name, or give "
+                               "its path\n"))
         # Before perf, and before the output directory.
         self.assertEqual(self.perf_asked(), [])
         self.assertFalse(os.path.exists(os.path.join(self.tmp, "out")))
 
-    def test_record_output_not_a_directory(self):
+    def test_record_output_cannot_be_made(self):
         with open(os.path.join(self.tmp, "file"), "w"):
             pass
         out = os.path.join(self.tmp, "file", "out")
-        self.assert_error(
-            self.main("record", "-o", out, "-c", "pass"),
-            f"perftramp311: cannot create {out}: {os.path.dirname(out)}: "
-            f"Not a directory; name another directory with -o DIR")
-        self.assertEqual(self.perf_asked(), ["version"])
+        for args, error in (
+                (["-o", out], f"cannot create {out}: {os.path.dirname(out)}:"
+                              f" Not a directory"),
+                # Not even root may make a directory there.
+                (["-o", "/sys/out"], "cannot create /sys/out: Operation "
+                                     "not permitted")):
+            for main in (self.main, self.tools):
+                with self.subTest(args=args, main=main):
+                    self.assert_error(
+                        main("record", *args, "--", sys.executable, "-c",
+                             "pass"),
+                        f"perf_trampoline: {error}; name another directory "
+                        f"with -o DIR")
+        self.assertEqual(self.perf_asked(), ["version"] * 4)
 
     def test_record_keeps_earlier_recording(self):
         out = os.path.join(self.tmp, "out")
@@ -511,116 +609,257 @@ class TestCommandLine(unittest.TestCase):
         data = os.path.join(out, "perf.data")
         with open(data, "w") as f:
             f.write("an earlier recording")
-        self.assert_error(
-            self.main("record", "-o", out, "-c", "pass"),
-            f"perftramp311: {out} holds a perf.data already: name another "
-            f"directory with -o, or overwrite it with --force")
+        for main in (self.main, self.tools):
+            with self.subTest(main=main):
+                self.assert_error(
+                    main("record", "-o", out, "--", sys.executable, "-c",
+                         "pass"),
+                    f"perf_trampoline: {out} holds a perf.data already: "
+                    f"name another directory with -o, or overwrite it "
+                    f"with --force")
         with open(data) as f:
             self.assertEqual(f.read(), "an earlier recording")
-        self.assertEqual(self.perf_asked(), ["version"])
+        self.assertEqual(os.listdir(out), ["perf.data"])
+
+    def test_running_process_is_refused(self):
+        # A stock 3.11 acts on no request from outside: perftramp311 is
+        # switched on when the program starts, or not at all.
+        proc = subprocess.Popen(
+            [sys.executable, "-c", "import sys; print('ready', flush=True);"
+             " sys.stdin.read()"], stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE, text=True, env=environment())
+        self.addCleanup(proc.wait)
+        self.addCleanup(proc.stdout.close)
+        self.addCleanup(proc.stdin.close)
+        self.assertEqual(proc.stdout.readline(), "ready\n")
+        line = (f"perf_trampoline: process {proc.pid} runs "
+                f"{os.path.realpath(sys.executable)}, which has no perf "
+                f"trampolines to switch from outside: start it with -X perf "
+                f"on this interpreter, or, on a stock 3.11, with "
+                f"perftramp311 installed and PYTHONPERFSUPPORT=1")
+        for args in (["attach", str(proc.pid)], ["status", str(proc.pid)],
+                     ["detach", str(proc.pid)],
+                     ["record", "-o", "out", "-p", str(proc.pid)]):
+            with self.subTest(args=args):
+                self.assert_error(self.tools(*args), line)
+        self.assertIsNone(proc.poll())
+        self.assertFalse(os.path.exists(os.path.join(self.tmp, "out")))
+
+
+def find_perf():
+    """PERF, else perf on PATH; a skip (a failure where required) if it
+    is missing or cannot name jitdump frames (perf_trampoline._record
+    .PERF_JIT_MIN)."""
+    from perf_trampoline import _record
+    perf = os.environ.get("PERF") or shutil.which("perf")
+    if not perf or not os.access(perf, os.X_OK):
+        skip_or_fail("no perf (Debian: linux-perf)")
+    version = subprocess.run([perf, "version"], capture_output=True,
+                             text=True).stdout
+    found = re.search(r"(\d+)\.(\d+)", version)
+    if not found or tuple(map(int, found.groups())) < _record.PERF_JIT_MIN:
+        skip_or_fail(f"{perf} is too old ({version.strip()}): make deps-jit")
+    return perf
+
+
+def flame_paths(path):
+    """Each root-to-leaf path of the tree the flame graph report `path`
+    draws, as its frames' names, root first."""
+    with open(path, encoding="utf-8") as f:
+        found = re.search(r"const stacks = \[(.*?)\];\n", f.read(), re.S)
+    paths = []
+
+    def walk(node, above):
+        here = above + [node["n"]]
+        if node["v"]:
+            paths.append(here)
+        for child in node["c"]:
+            walk(child, here)
+    walk(json.loads(found.group(1)), [])
+    return paths
+
+
+def python_frames(names):
+    """(index, function name) of the Python frames among `names`."""
+    return [(i, m.group(1)) for i, name in enumerate(names)
+            for m in [re.match(r"py::([^:]+):", name)] if m]
+
+
+class TestRecord(FilesMixin, unittest.TestCase):
+    """python3.11 -m perf_trampoline record on this stock interpreter:
+    the jitdump, perf record --call-graph dwarf and perf inject --jit,
+    the reports of the patched interpreter, nothing left outside -o."""
+
+    def setUp(self):
+        super().setUp()
+        self.perf = find_perf()
+        self.tmp = scratch(self)
+        self.out = os.path.join(self.tmp, "out")
+        self.app = os.path.join(self.tmp, "app.py")
+        with open(self.app, "w") as f:
+            f.write(PROGRAM)
+        # perf's build-id cache would be $HOME/.debug: a home of its own
+        # shows whether anything is put there.
+        self.home = os.path.join(self.tmp, "home")
+        os.mkdir(self.home)
+
+    def record(self, *args, module="perf_trampoline", **kwargs):
+        return run(["-m", module, "record", "-o", self.out, *args],
+                   env=environment(PERF=self.perf, HOME=self.home),
+                   cwd=self.tmp, **kwargs)
+
+    def assert_recorded(self, proc, chain=("top", "middle", "leaf")):
+        """record wrote the reports and named them on stderr alone, the
+        program's stdout being empty; both flame graphs show `chain`
+        (outermost first); perf report, as printed, names its frames;
+        nothing is left outside the output directory."""
+        self.assertEqual(proc.stdout, "")
+        lines = proc.stderr.splitlines()
+        ours = [line for line in lines if line.startswith("perf_trampoline")]
+        # What record says follows the program's output.
+        self.assertTrue(ours, proc.stderr)
+        self.assertNotIn("Traceback",
+                         "\n".join(lines[lines.index(ours[0]):]))
+        paths = lines[lines.index(os.path.join(self.out, "perf.data")):]
+        self.assertEqual(paths[:5], [
+            os.path.join(self.out, name) for name in (
+                "perf.data", "flamegraph.html", "flamegraph-python.html",
+                "stacks.folded", "stacks-python.folded")])
+        # The Python view: the chain's frames next to each other; every
+        # frame: the interpreter's between them.
+        chain = list(chain)
+        for view, apart in ((2, False), (1, True)):
+            found = []
+            for names in flame_paths(paths[view]):
+                python = python_frames(names)[-3:]
+                if [name for _, name in python] == chain:
+                    found.append(python[-1][0] - python[0][0] > 2)
+            self.assertIn(apart, found, paths[view])
+        # The perf report line, run in the output directory.
+        [command] = [line.split(": ", 2)[2] for line in lines
+                     if line.startswith("perf_trampoline: perf report: ")]
+        report = subprocess.run(
+            [*shlex.split(command), "--stdio", "--no-children"],
+            capture_output=True, text=True, cwd=self.out, timeout=300,
+            env=environment(HOME=self.home))
+        self.assertEqual(report.returncode, 0, report.stderr)
+        self.assertIn("py::leaf:", report.stdout)
+        self.assert_nothing_left(paths[3])
+
+    def assert_nothing_left(self, folded):
+        """No file of the recorded processes in /tmp, nothing in
+        ~/.debug."""
+        with open(folded) as f:
+            pids = set(re.findall(r"^[^;]* \((\d+)\);", f.read(), re.M))
+        self.assertTrue(pids)
+        left = [path for path in profiler_files() - self.before
+                if re.search(r"-(\d+)[.-]", path).group(1) in pids]
+        self.assertEqual(left, [])
+        self.assertEqual(os.listdir(self.home), [])
+
+    def test_command(self):
+        proc = self.record("--", sys.executable, self.app)
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        self.assert_recorded(proc)
+
+    def test_perf_of_the_release(self):
+        # Debian 12's perf 6.1 names the frames too (test_oracle's
+        # ExtensionOracleTests with PERF=/usr/bin/perf).
+        if not os.access("/usr/bin/perf", os.X_OK):
+            skip_or_fail("/usr/bin/perf is missing (Debian: linux-perf)")
+        self.perf = "/usr/bin/perf"
+        proc = self.record("--", sys.executable, self.app)
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        self.assert_recorded(proc)
+
+    def test_front_door(self):
+        # -m perftramp311 record: the program as python3.11 takes it, its
+        # -m its own.
+        proc = self.record("-m", "app", module="perftramp311")
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        self.assert_recorded(proc)
+
+    def test_python_without_the_package(self):
+        # The venv's base interpreter, which does not have it: said.
+        proc = self.record("--", sys._base_executable, self.app)
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        self.assertIn(f"\nperf_trampoline: no Python function was named: a "
+                      f"Python program must run on a Python with perf "
+                      f"trampolines, such as "
+                      f"{os.path.normpath(sys.executable)}\n",
+                      "\n" + proc.stderr)
+
+    def test_missing_script(self):
+        # The interpreter says so, and exits 2; so does record, after it.
+        proc = self.record("--", sys.executable, "nosuch.py")
+        self.assertEqual(proc.returncode, 2, proc.stderr)
+        self.assertNotIn("Traceback", proc.stderr)
+        self.assertIn("can't open file", proc.stderr)
+        self.assertIn("perf_trampoline: the command exited with status 2\n",
+                      proc.stderr)
+
+    def test_killed_program(self):
+        # Killed by signal N: 128+N, as a shell says it; the recording is
+        # kept.
+        proc = self.record("--", sys.executable, "-c",
+                           "import os, signal\n" + PROGRAM
+                           + "os.kill(os.getpid(), signal.SIGKILL)")
+        self.assertEqual(proc.returncode, 128 + signal.SIGKILL, proc.stderr)
+        self.assertIn("perf_trampoline: the command was killed by "
+                      "SIGKILL\n", proc.stderr)
+        self.assert_recorded(proc)
+
+    def test_interrupted(self):
+        # Ctrl-C: SIGINT to the terminal's foreground process group, which
+        # the program is in; perf writes what it recorded all the same.
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "perftramp311", "record", "-o", self.out,
+             "-c", PROGRAM.replace("top()\n", "")
+             + "print('ready', flush=True)\nwhile True: top()"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            env=environment(PERF=self.perf, HOME=self.home),
+            start_new_session=True)
+        try:
+            self.assertEqual(proc.stdout.readline(), "ready\n")
+            time.sleep(1)   # samples of the loop, not a timing test
+            os.killpg(proc.pid, signal.SIGINT)
+            stdout, stderr = proc.communicate(timeout=300)
+        finally:
+            if proc.returncode is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        self.assertEqual(proc.returncode, 128 + signal.SIGINT, stderr)
+        self.assert_recorded(subprocess.CompletedProcess(
+            proc.args, proc.returncode, "", stderr))
+
+    def test_cut_short(self):
+        # Too few bytes of stack for the program's: the share cut short,
+        # and the size to try.
+        proc = self.record("--call-graph", "dwarf,1024", "--",
+                           sys.executable, self.app)
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        self.assertRegex(proc.stderr, r"\nperf_trampoline: \d+% of the "
+                         r"samples were cut short \(1024 bytes of stack "
+                         r"copied per sample\): try --call-graph "
+                         r"dwarf,2048\n")
 
 
 class TestPerfDwarf(FilesMixin, unittest.TestCase):
     """perf names leaf <- middle <- top, PYTHONPERFSUPPORT=1 the only
-    change: perf record --call-graph dwarf, perf inject --jit."""
-
-    def setUp(self):
-        super().setUp()
-        perf = os.environ.get("PERF") or shutil.which("perf")
-        if not perf or not os.access(perf, os.X_OK):
-            skip_or_fail("no perf (make deps-jit installs perf >= 6.8)")
-        version = subprocess.run([perf, "version"], capture_output=True,
-                                 text=True).stdout
-        found = re.search(r"(\d+)\.(\d+)", version)
-        if not found or tuple(map(int, found.groups())) < (6, 8):
-            skip_or_fail(f"{perf} is older than 6.8 ({version.strip()}): "
-                         "make deps-jit")
-        self.perf = perf
-
-    def assert_chains(self, injected, cwd):
-        """perf script on `injected` shows leaf <- middle <- top."""
-        script = subprocess.run(
-            [self.perf, "script", "-F", "ip,sym", "-i", injected],
-            capture_output=True, text=True, timeout=300, cwd=cwd)
-        self.assertEqual(script.returncode, 0, script.stderr)
-        chains = 0
-        for sample in script.stdout.split("\n\n"):
-            names = [m.group(1) for m in
-                     re.finditer(r"py::([^:\s]+):", sample)]
-            if names[:3] == ["leaf", "middle", "top"]:
-                chains += 1
-        self.assertGreater(chains, 10, script.stdout[-3000:])
-
-    def assert_recorded(self, out, stdout, stderr):
-        """record wrote out/perf.data, named it on stderr alone, and
-        left stdout to the program (whose own prints nothing)."""
-        injected = os.path.join(out, "perf.data")
-        self.assertEqual(stdout, "")
-        self.assertIn(f"perftramp311: perf report -i {injected}\n", stderr)
-        self.assert_chains(injected, out)
-
-    def test_record_command(self):
-        with tempfile.TemporaryDirectory() as tmp:
-            app = os.path.join(tmp, "app.py")
-            with open(app, "w") as f:
-                f.write(PROGRAM)
-            out = os.path.join(tmp, "out")
-            # The program as a module: its -m is the program's, not ours.
-            proc = run(["-m", "perftramp311", "record", "-o", out,
-                        "-m", "app"], env=environment(PERF=self.perf),
-                       cwd=tmp)
-            self.assertEqual(proc.returncode, 0, proc.stderr)
-            self.assert_recorded(out, proc.stdout, proc.stderr)
-
-    def test_record_killed_program(self):
-        # Killed by signal N: 128+N, as a shell and perf_trampoline
-        # record say it; the recording is kept.
-        with tempfile.TemporaryDirectory() as tmp:
-            out = os.path.join(tmp, "out")
-            proc = run(["-m", "perftramp311", "record", "-o", out, "-c",
-                        "import os, signal\n" + PROGRAM
-                        + "os.kill(os.getpid(), signal.SIGKILL)"],
-                       env=environment(PERF=self.perf))
-            self.assertEqual(proc.returncode, 128 + signal.SIGKILL,
-                             proc.stderr)
-            self.assertIn("perftramp311: the program was killed by "
-                          "SIGKILL\n", proc.stderr)
-            self.assert_recorded(out, proc.stdout, proc.stderr)
-
-    def test_record_interrupted(self):
-        # Ctrl-C: SIGINT to the terminal's foreground process group.  The
-        # program ends by it, or by the SIGTERM perf sends it once perf
-        # has stopped; perf writes what it recorded all the same.
-        with tempfile.TemporaryDirectory() as tmp:
-            out = os.path.join(tmp, "out")
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "perftramp311", "record", "-o", out,
-                 "-c", PROGRAM.replace("top()\n", "")
-                 + "print('ready', flush=True)\nwhile True: top()"],
-                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                env=environment(PERF=self.perf), start_new_session=True)
-            try:
-                self.assertEqual(proc.stdout.readline(), "ready\n")
-                time.sleep(1)   # samples of the loop, not a timing test
-                os.killpg(proc.pid, signal.SIGINT)
-                stdout, stderr = proc.communicate(timeout=300)
-            finally:
-                if proc.returncode is None:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                    proc.wait()
-            self.assertIn(proc.returncode, (128 + signal.SIGINT,
-                                            128 + signal.SIGTERM), stderr)
-            self.assert_recorded(out, stdout, stderr)
+    change: the README's perf record --call-graph dwarf, perf inject
+    --jit."""
 
     def test_leaf_middle_top(self):
-        perf = self.perf
+        perf = find_perf()
         with tempfile.TemporaryDirectory() as tmp:
             app = os.path.join(tmp, "app.py")
             with open(app, "w") as f:
                 f.write(PROGRAM)
+            # Its build-id cache here, not in ~/.debug.
+            perf = [perf, "--buildid-dir", os.path.join(tmp, "debug")]
             data = os.path.join(tmp, "perf.data")
             rec = subprocess.run(
-                [perf, "record", "-q", "-k", "1", "-e", "cpu-clock",
+                [*perf, "record", "-q", "-k", "1", "-e", "cpu-clock",
                  "-F", "999", "--call-graph", "dwarf", "-o", data,
                  sys.executable, app],
                 capture_output=True, text=True, timeout=300,
@@ -631,10 +870,20 @@ class TestPerfDwarf(FilesMixin, unittest.TestCase):
             self.assertEqual(rec.returncode, 0, rec.stderr)
             injected = os.path.join(tmp, "perf.jit.data")
             inject = subprocess.run(
-                [perf, "inject", "--jit", "-i", data, "-o", injected],
+                [*perf, "inject", "--jit", "-i", data, "-o", injected],
                 capture_output=True, text=True, timeout=300, cwd=tmp)
             self.assertEqual(inject.returncode, 0, inject.stderr)
-            self.assert_chains(injected, tmp)
+            script = subprocess.run(
+                [*perf, "script", "-F", "ip,sym", "-i", injected],
+                capture_output=True, text=True, timeout=300, cwd=tmp)
+            self.assertEqual(script.returncode, 0, script.stderr)
+            chains = 0
+            for sample in script.stdout.split("\n\n"):
+                names = [m.group(1) for m in
+                         re.finditer(r"py::([^:\s]+):", sample)]
+                if names[:3] == ["leaf", "middle", "top"]:
+                    chains += 1
+            self.assertGreater(chains, 10, script.stdout[-3000:])
 
 
 if __name__ == "__main__":

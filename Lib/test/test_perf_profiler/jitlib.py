@@ -14,6 +14,7 @@ import sys
 import sysconfig
 import tempfile
 
+from perf_trampoline._record import PERF_JIT_MIN
 from test import support
 from test.support import import_helper
 from test.test_perf_profiler.util import host_tool, jitdump_path, skip_environment
@@ -28,7 +29,6 @@ def _testinternalcapi():
 
 NOFP_PYTHON = os.environ.get("PERF_NOFP_PYTHON") or sys.executable
 PERF = os.environ.get("PERF") or "perf"
-PERF_JIT_MIN = (6, 8)
 TIMEOUT = support.LONG_TIMEOUT
 
 SRCDIR = sysconfig.get_config_var("srcdir") or ""
@@ -621,9 +621,11 @@ def perf_jit_skip_reason():
     if version is None:
         return f"{PERF} is not installed (tools/install-deps.sh jit)"
     if version < PERF_JIT_MIN:
-        return (f"perf inject --jit needs perf >= 6.8 for DWARF-unwound "
-                f"jitdump frames; {PERF} is {version[0]}.{version[1]} "
-                f"(tools/install-deps.sh jit installs a newer one)")
+        oldest = ".".join(map(str, PERF_JIT_MIN))
+        return (f"perf inject --jit needs perf >= {oldest} for "
+                f"DWARF-unwound jitdump frames; {PERF} is "
+                f"{version[0]}.{version[1]} (tools/install-deps.sh jit "
+                f"installs a newer one)")
     with tempfile.TemporaryDirectory() as tmp:
         proc = run([PERF, "record", "-q", "--no-buildid-cache",
                     "-e", "cpu-clock", "-o", os.path.join(tmp, "perf.data"),

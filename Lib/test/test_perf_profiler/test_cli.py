@@ -14,8 +14,10 @@ import platform
 import re
 import subprocess
 import sys
+import sysconfig
 import tempfile
 import unittest
+from unittest import mock
 
 from perf_trampoline import __main__ as command_line
 from test.test_perf_profiler.util import TIMEOUT, assert_refused, clean_env
@@ -216,21 +218,23 @@ class RecordCommandTests(unittest.TestCase):
         return given[1:given.index("-o")]
 
     def test_perf_options(self):
+        from perf_trampoline._record import DWARF_STACK
         self.assertEqual(self.perf_options(),
-                         ["--call-graph", "fp", "-e", "cpu-clock", "-F",
-                          "999"])
-        self.assertEqual(self.perf_options("--jit"),
-                         ["-k", "1", "--call-graph", "dwarf", "-e",
+                         ["--no-buildid-cache", "--call-graph", "fp", "-e",
                           "cpu-clock", "-F", "999"])
+        self.assertEqual(self.perf_options("--jit"),
+                         ["-k", "1", "--no-buildid-cache", "--call-graph",
+                          f"dwarf,{DWARF_STACK}", "-e", "cpu-clock", "-F",
+                          "999"])
         self.assertEqual(self.perf_options("-e", "cycles:u", "--call-graph",
                                            "dwarf,16384", "-a", "-F", "99"),
-                         ["--call-graph", "dwarf,16384", "-e", "cycles:u",
-                          "-F", "99", "-a"])
+                         ["--no-buildid-cache", "--call-graph", "dwarf,16384",
+                          "-e", "cycles:u", "-F", "99", "-a"])
         self.assertEqual(self.perf_options("--event",
                                            "cpu/event=0x3c,umask=0/",
                                            "--call-graph", "lbr",
                                            "--all-cpus"),
-                         ["--call-graph", "lbr", "-e",
+                         ["--no-buildid-cache", "--call-graph", "lbr", "-e",
                           "cpu/event=0x3c,umask=0/", "-F", "999", "-a"])
 
     def test_perf_options_refused(self):
@@ -253,6 +257,102 @@ class RecordCommandTests(unittest.TestCase):
                 assert_refused(self, self.record(*args, *command), message)
                 self.assertFalse(os.path.exists(self.out))
                 self.assertFalse(os.path.exists(self.perf_args))
+
+
+class RouteTests(unittest.TestCase):
+    """record takes the route of the interpreter it runs on: frame
+    pointers where perf trampolines are built in with frame records,
+    DWARF and the jitdump where it keeps none."""
+
+    def route(self, python, *argv):
+        from perf_trampoline import __main__ as tools, _record
+        parser, _ = tools._parser()
+        args = parser.parse_args(["record", *argv, "--", "true"])
+        with mock.patch.object(_record, "this_python", lambda: python):
+            _record.route(args)
+        return args.jit, args.call_graph
+
+    def test_routes(self):
+        from perf_trampoline._record import (EXTENSION, FRAME_RECORDS,
+                                             NO_FRAME_POINTERS)
+        for python, argv, route in (
+                (FRAME_RECORDS, [], (False, None)),
+                (FRAME_RECORDS, ["--jit"], (True, None)),
+                (FRAME_RECORDS, ["--call-graph", "dwarf"], (False, "dwarf")),
+                (NO_FRAME_POINTERS, [], (True, None)),
+                (NO_FRAME_POINTERS, ["--call-graph", "lbr"], (False, "lbr")),
+                (EXTENSION, [], (True, None)),
+                (EXTENSION, ["--call-graph", "dwarf,4096"],
+                 (True, "dwarf,4096"))):
+            with self.subTest(python=python, argv=argv):
+                self.assertEqual(self.route(python, *argv), route)
+
+    def test_extension_needs_dwarf(self):
+        from perf_trampoline._record import EXTENSION, RecordError
+        with self.assertRaisesRegex(RecordError, "^--call-graph fp: a stock "
+                                    "3.11 keeps no frame pointers"):
+            self.route(EXTENSION, "--call-graph", "fp")
+
+    def test_this_python(self):
+        from perf_trampoline import _record
+        self.assertEqual(_record.this_python(),
+                         _record.NO_FRAME_POINTERS if sysconfig.get_config_var(
+                             "PY_WITHOUT_FRAME_POINTERS")
+                         else _record.FRAME_RECORDS)
+
+
+class FindPerfTests(unittest.TestCase):
+    """Which perf record runs: --perf, else $PERF, else the repository's
+    (make deps-jit), else perf on PATH; and which it refuses."""
+
+    def setUp(self):
+        tmp = tempfile.TemporaryDirectory()
+        self.addCleanup(tmp.cleanup)
+        self.tmpdir = tmp.name
+
+    def make_perf(self, name, version):
+        path = os.path.join(self.tmpdir, name)
+        with open(path, "w") as f:
+            f.write(f"#!/bin/sh\necho 'perf version {version}'\n")
+        os.chmod(path, 0o755)
+        return path
+
+    def find(self, given=None, jit=False, env=None, repository=None):
+        from perf_trampoline import _record
+        with mock.patch.dict(os.environ, env or {}, clear=True), \
+                mock.patch.object(_record, "_repository_perf",
+                                  lambda: repository):
+            return _record.find_perf(given, jit)
+
+    def test_order(self):
+        given = self.make_perf("given", "6.12.1")
+        env = self.make_perf("env", "6.12.2")
+        repository = self.make_perf("repository", "6.12.3")
+        on_path = self.make_perf("perf", "6.12.4")
+        path = {"PATH": self.tmpdir}
+        self.assertEqual(self.find(given, env={"PERF": env, **path},
+                                   repository=repository), given)
+        self.assertEqual(self.find(env={"PERF": env, **path},
+                                   repository=repository), env)
+        self.assertEqual(self.find(env=path, repository=repository),
+                         repository)
+        self.assertEqual(self.find(env=path), on_path)
+
+    def test_too_old_for_jit(self):
+        from perf_trampoline._record import PERF_JIT_MIN, RecordError
+        old = self.make_perf("old", "%d.%d" % (PERF_JIT_MIN[0],
+                                                PERF_JIT_MIN[1] - 1))
+        self.assertEqual(self.find(old), old)
+        with self.assertRaises(RecordError) as caught:
+            self.find(old, jit=True)
+        message = str(caught.exception)
+        self.assertNotIn("\n", message)
+        for advice in ("--perf PATH", "PERF=PATH", "make deps-jit",
+                       "bookworm-backports"):
+            self.assertIn(advice, message)
+        self.assertEqual(self.find(self.make_perf(
+            "oldest", "%d.%d" % PERF_JIT_MIN), jit=True),
+            os.path.join(self.tmpdir, "oldest"))
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ trampoline.  These tests
 The dumps and the perf workflow use the interpreter named by the
 environment variable PERF_NOFP_PYTHON (a build configured
 --without-frame-pointers, where only this backend can show Python frames),
-or sys.executable.  perf inject --jit needs perf >= 6.8 (the environment
+or sys.executable.  perf inject --jit needs perf >= 6.1 (the environment
 variable PERF may name the perf binary; default: "perf" on PATH).
 """
 

@@ -1,7 +1,7 @@
 """python -m perf_trampoline record (Lib/perf_trampoline/_record.py).
 
 End to end with real perf: a command and a running process, with frame
-pointers and with --jit (perf >= 6.8, PERF as in test_jit; the command
+pointers and with --jit (perf >= 6.1, PERF as in test_jit; the command
 runs under PERF_NOFP_PYTHON when set); the Python call chain must be in
 perf.data.  The command's stdout and stderr are its own: record's lines
 follow on stderr.  Bad input must give one line on stderr and exit
@@ -15,6 +15,8 @@ import grp
 import os
 import pty
 import pwd
+import shlex
+import shutil
 import signal
 import struct
 import subprocess
@@ -165,11 +167,11 @@ class RecordTestCase(PerfTestCase):
     def setUp(self):
         super().setUp()
         self.out = os.path.join(self.tmpdir, "out")
-        # perf inject --jit caches the ELF files it writes: here, not in
-        # ~/.debug.
-        self.env = clean_env(PERF=None,
-                             PERF_BUILDID_DIR=os.path.join(self.tmpdir,
-                                                           "debug"))
+        # perf's build-id cache would be $HOME/.debug: a home of its own
+        # shows that record puts nothing there.
+        self.home = os.path.join(self.tmpdir, "home")
+        os.mkdir(self.home)
+        self.env = clean_env(PERF=None, HOME=self.home)
         self.addCleanup(self.remove_jitted)
 
     def tool(self, *args, timeout=TIMEOUT, cwd=None, text=True, **kwargs):
@@ -224,16 +226,27 @@ class RecordTestCase(PerfTestCase):
                          result.stderr)
         for path in paths:
             self.assertTrue(os.path.isfile(path), path)
+        # The perf report command record printed, from the directory.
+        report = lines[lines.index(data) - 1]
+        self.assertTrue(report.startswith("perf_trampoline: perf report: "),
+                        result.stderr)
         script = subprocess.run(
-            [self.perf, "script", "-i", paths[0], "-F", "pid,ip,sym"],
+            [*shlex.split(report.split(": ", 2)[2].replace(" report ",
+                                                          " script ")),
+             "-F", "pid,ip,sym"], cwd=self.out,
             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
             errors="backslashreplace", env=self.env, timeout=TIMEOUT)
         samples = parse_perf_script(script.stdout)
-        for sample in samples:
-            self.files.add_pid(sample.header.split()[0])
+        pids = {sample.header.split()[0] for sample in samples}
+        for pid in pids:
+            self.files.add_pid(pid)
         path = os.path.join(self.tmpdir, name)
         chains = [s.python_frames(path) for s in samples]
         self.assertIn(chain, [c[:len(chain)] for c in chains])
+        # Nothing in ~/.debug; no ELF file of perf inject's in /tmp.
+        self.assertEqual(os.listdir(self.home), [])
+        self.assertEqual([path for pid in pids for path in
+                          glob.glob(f"/tmp/jitted-{pid}-*.so")], [])
         return chains
 
     def check_output_is_the_commands(self, *options):
@@ -280,6 +293,20 @@ class RecordTests(RecordTestCase):
 
     def test_command_output_is_its_own(self):
         self.check_output_is_the_commands()
+
+    def test_command_without_perl(self):
+        # The exec helper in Python where there is no perl.
+        from perf_trampoline import _record
+        perf = shutil.which(self.perf)
+        self.env["PATH"] = self.tmpdir
+        with mock.patch.dict(os.environ, {"PATH": self.tmpdir}):
+            self.assertEqual(_record._exec_helper()[:2],
+                             [sys.executable, "-I"])
+        result = self.tool("--perf", perf, "-o", self.out, "--",
+                           *self.command())
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertIn("started\ndone\n", result.stderr)
+        self.assertRecorded(result)
 
     def test_command_has_no_descriptor_of_the_directory(self):
         # perf has one to write through; the command it runs has not.
@@ -499,20 +526,23 @@ class RecordErrorTests(RecordTestCase):
         self.assertRefused(self.tool("--perf", "/nonexistent", "-o",
                                      self.out, "--", "true"),
                            "no perf found ('/nonexistent' from --perf)")
-        self.env["PATH"] = self.tmpdir
+        # (Without PERF, the repository's build/perf comes before PATH:
+        # test_cli's FindPerfTests.)
+        self.env["PERF"] = "/nonexistent/perf"
         self.assertRefused(self.tool("-o", self.out, "--", "/bin/true"),
-                           "no perf found")
+                           "no perf found ('/nonexistent/perf' from $PERF)")
 
     def test_perf_too_old_for_jit(self):
-        old = self.make_perf("6.1")
+        old = self.make_perf("6.0")
         self.assertRefused(self.tool("--jit", "--perf", old, "-o",
                                      self.out, "--", "true"),
-                           f"--jit needs perf >= 6.8 (perf inject --jit "
-                           f"of DWARF-unwound frames); {old} is 6.1: name "
-                           f"a newer one with --perf PATH")
+                           f"--jit needs perf >= 6.1 (perf inject --jit "
+                           f"of DWARF-unwound frames; older ones were not "
+                           f"tried); {old} is 6.0: name a newer one with "
+                           f"--perf PATH or PERF=PATH")
         self.env["PERF"] = old
         self.assertRefused(self.tool("--jit", "-o", self.out, "--", "true"),
-                           f"{old} is 6.1")
+                           f"{old} is 6.0")
 
     def test_not_python(self):
         sleep = subprocess.Popen(["sleep", "60"])
@@ -878,7 +908,10 @@ class InjectTests(unittest.TestCase):
         with tempfile.TemporaryDirectory() as tmp:
             perf = write_script(tmp, """\
                 #!/bin/sh
-                # inject --jit -i RAW -o DATA, in the current directory
+                # --buildid-dir DIR inject --jit -i RAW -o DATA, in the
+                # current directory, DIR its "debug"
+                [ "$(dirname "$2")" -ef . ] && [ "${2##*/}" = debug ] || exit 4
+                shift 2
                 [ "$1 $2 $3 $5" = "inject --jit -i -o" ] || exit 3
                 cp "$4" "$6"
                 """, "perf")

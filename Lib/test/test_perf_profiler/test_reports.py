@@ -52,6 +52,7 @@ def names(stack):
 # perf --exec-path, and perf script with 1 MB of warnings first.
 FAKE_PERF = """\
     #!/bin/sh
+    [ "$1" = --buildid-dir ] && shift 2
     case "$1" in
     --exec-path) dirname "$0" ;;
     script)
@@ -166,6 +167,28 @@ class ParseTests(unittest.TestCase):
             (("swapper", "[kernel.kallsyms]"),
              ("default_idle", "[kernel.kallsyms]")): 1,
         })
+
+    def test_inlined_functions_are_of_their_image(self):
+        # perf names a function inlined in another "(inlined)", before
+        # that one at the same address: it belongs to the same image, so
+        # the Python view folds it with the evaluator's glue.
+        lib = "/opt/python/lib/libpython3.11.so.1.0"
+        script = (
+            "python  1/1  \n"
+            f"\t    ffbe7 {EVAL} ({lib})\n"
+            "\t       94 py::g:a.py (/tmp/jitted-1-2.so)\n"
+            "\t   250a02 _PyEval_EvalFrame (inlined)\n"
+            f"\t   250a02 _PyEval_Vector ({lib})\n"
+            f"\t    fd9c2 {EVAL} ({lib})\n"
+            "\t       94 py::f:a.py (/tmp/jitted-1-1.so)\n"
+            "\t   3000aa lost (inlined)\n")
+        [stack] = _reports.parse_script(script.splitlines(True))
+        self.assertEqual(stack[1:4], (("lost", "inlined"),
+                                      ("py::f:a.py", "/tmp/jitted-1-1.so"),
+                                      (EVAL, lib)))
+        self.assertEqual(stack[5], ("_PyEval_EvalFrame", lib))
+        self.assertEqual(names(_reports.fold_python(stack, {lib})),
+                         ["python (1)", "lost", "py::f:a.py", "py::g:a.py"])
 
     def test_collapsed(self):
         stacks = {frames("python (1)", "py::f:a;b.py", "g"): 3,
