@@ -175,7 +175,7 @@ def left_out_why(host_tools_available, first_tree):
     def why(case):
         tools = marked(case, "perf_needs_host")
         if tools and not host_tools_available:
-            return "needs " + ", ".join(tools)
+            return ", ".join(tools)
         once = marked(case, "perf_once")
         if once and not first_tree:
             return "ran with the first tree: " + once

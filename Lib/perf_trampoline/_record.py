@@ -19,7 +19,8 @@ cpu-clock is a software event: it works in virtual machines too.  -e,
 perf keeps its build-id cache in DIR/debug (_reports.BUILDID_NAME), not
 in ~/.debug; perf record adds nothing to it.  After perf inject, the ELF
 files it wrote in /tmp (jitted-PID-N.so, cached in DIR/debug) and the
-jitdumps of the processes that have exited are removed (_JitFiles).
+jitdumps of the processes that have exited are removed (_JitFiles); the
+copies of container processes' jitdumps go to DIR.
 
 A COMMAND gets PYTHONPERFSUPPORT=1 (--jit: PYTHON_PERF_JIT_SUPPORT=1).
 perf runs it as its child, in its own process group; a small exec helper
@@ -949,6 +950,7 @@ def run(args):
         recorder = Recorder(args, perf, out, old_mask)
         jit_files = _JitFiles(args.pid) if args.jit else None
         removed = []
+        kept = {}
         try:
             if command:
                 samples = _record_command(recorder, command)
@@ -960,6 +962,7 @@ def run(args):
             recorder.close_maps()
             if args.jit and samples:
                 inject(perf, out)
+                kept = _keep_dumps(out, recorder.close_maps())
                 removed = jit_files.remove()
         except RecordError as exc:
             _warn(exc)
@@ -971,8 +974,30 @@ def run(args):
             while signal.sigtimedwait(watched, 0) is not None:
                 pass
             signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
-        host_maps = [path for path in host_maps if path not in removed]
+        host_maps = [kept.get(path, path) for path in host_maps
+                     if path in kept or path not in removed]
         return _report(recorder, perf, out, command, samples, host_maps)
+
+
+def _keep_dumps(out, copies):
+    """Copy into `out` the jitdumps that record copied out of containers
+    for perf inject, which has read them (_JitFiles then removes them
+    from /tmp); return {copy: its path in out}."""
+    kept = {}
+    for path in copies:
+        name = os.path.basename(path)
+        if not _JitFiles.DUMP_RE.fullmatch(name):
+            continue
+        try:
+            with open(os.open(path, os.O_RDONLY | os.O_NOFOLLOW
+                              | os.O_CLOEXEC), "rb") as src, \
+                    open(out.create(name), "wb") as dst:
+                shutil.copyfileobj(src, dst)
+        except OSError as exc:
+            _warn(f"cannot keep {path} in {out.path}: {exc}")
+            continue
+        kept[path] = out.join(name)
+    return kept
 
 
 def _report(recorder, perf, out, command, samples, host_maps):

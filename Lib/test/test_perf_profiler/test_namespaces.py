@@ -208,7 +208,10 @@ class NamespaceMapsTest(PerfTestCase):
         self.finish(proc)
         stdout, stderr = tool.communicate(timeout=TIMEOUT)
         self.assertEqual(tool.returncode, 0, stderr)
-        copy = f"/tmp/jit-{pid}.dump"
+        # The copy perf inject read is kept in the output directory, not
+        # in /tmp.
+        self.assertFalse(os.path.exists(f"/tmp/jit-{pid}.dump"))
+        copy = os.path.join(out, f"jit-{pid}.dump")
         self.assertIn(copy, stderr.splitlines())
         with open(copy, "rb") as f:
             dump = f.read()
@@ -217,8 +220,8 @@ class NamespaceMapsTest(PerfTestCase):
         self.assertIn(b"py::last_words:<string>\0", dump)
         def script(fields):
             return subprocess.run(
-                [PERF, "script", "-i", os.path.join(out, "perf.data"), "-F",
-                 fields],
+                [PERF, "--buildid-dir", os.path.join(out, "debug"), "script",
+                 "-i", os.path.join(out, "perf.data"), "-F", fields],
                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
                 errors="backslashreplace", timeout=TIMEOUT).stdout
         if f"({os.path.realpath(sys.executable)})" not in script("ip,dso"):
