@@ -256,7 +256,7 @@ bench: build release ext
 	@BASE_FLAGS="$(BASE_FLAGS)" tools/bench.sh
 
 bench-perf-off: build
-	@tools/bench-perf-off.sh
+	@BASE_FLAGS="$(BASE_FLAGS)" tools/bench-perf-off.sh
 	@python3 bench/figures.py collect-perf-off build/bench/perf_off.json
 	@python3 bench/figures.py update
 

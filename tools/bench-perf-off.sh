@@ -5,7 +5,8 @@
 # optimized but without PGO or LTO), the interpreter once per change with
 # that change undone (bench/perf_off/NAME.patch), once with ceval.c
 # compiled without frame records, and once with the whole patch, then
-# measures them with bench/perf_off.py (arguments passed on).
+# measures them with bench/perf_off.py (arguments passed on), stock
+# 3.11.2 (tools/bench-stock.sh) beside them.
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 DIR=$ROOT/build/cpython-perfoff
@@ -16,6 +17,8 @@ command -v valgrind >/dev/null || {
     say "needs valgrind (Debian package valgrind: apt-get install valgrind)"
     exit 1
 }
+# Stock 3.11.2 as make bench builds it: the C stack's baseline.
+"$ROOT/tools/bench-stock.sh" "$ROOT/build/cpython-stock"
 
 # The copy keeps the tree's configuration and objects, so a variant
 # recompiles only the files its change is in.  It is made again whenever
@@ -61,7 +64,7 @@ for v in "${variants[@]}"; do
     full) ;;
     records) make_args=(PERF_EVAL_CFLAGS=) ;;
     *) git -C "$DIR" apply "$PATCHES/$v.patch" || {
-           say "bench/perf_off/$v.patch does not apply to the patched tree: update it"
+           say "bench/perf_off/$v.patch does not apply to the tree: update it"
            exit 1
        } ;;
     esac
