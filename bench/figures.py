@@ -221,12 +221,11 @@ def bench_side(f):
 # that acts with perf off (bench/perf_off/NAME.patch undoes it), and the
 # frame records; and what each leaves out.
 PERF_OFF_ROWS = (
-    ("float_inline", "the float free list popped inline "
+    ("float_inline", "float free list popped inline "
      "(`float_from_double()`)"),
     ("error_paths", "`error:`, `miss:` read the instruction from the "
      "frame"),
-    ("gen_resume", "`FOR_ITER`, `SEND` resume generators "
-     "(`gen_send_ex2()` in two)"),
+    ("gen_resume", "`FOR_ITER`, `SEND` resume generators"),
     ("co_extra", "`co_extra` free functions skip slots never set"),
     ("records", "frame records (per inlined call and return a test and a "
      "count; a register)"),
@@ -251,7 +250,7 @@ def design_perf_off(f):
             stack("gen_resume", "off"), stack("gen_resume", "-X perf"),
             stack("full", "off"), stack("full", "-X perf"),
             stack("stock", "off")),
-        "co_extra": "`-X perf`: another user's free function called %d "
+        "co_extra": "`-X perf`: another user's free function runs %d "
         "times for %d untagged functions, not %d (`test_stress`)" % (
             p["free_calls"]["co_extra"], p["untagged"],
             p["free_calls"]["full"])}
@@ -259,7 +258,7 @@ def design_perf_off(f):
            "instructions perf off without each change, %% over the whole "
            "patch; all but frame records act even with "
            "`--disable-perf-trampoline`:" % p["date"], "",
-           "| change | %s | also without it |" % " | ".join(
+           "| change | %s | also |" % " | ".join(
                "`%s`" % w for w in workloads),
            "|---" * (len(workloads) + 2) + "|"]
     for name, change in PERF_OFF_ROWS:
