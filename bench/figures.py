@@ -221,8 +221,8 @@ def bench_side(f):
 # that acts with perf off (bench/perf_off/NAME.patch undoes it), and the
 # frame records; and what each leaves out.
 PERF_OFF_ROWS = (
-    ("float_inline", "float free list popped inline "
-     "(`float_from_double()`)"),
+    ("float_inline", "float free list inline (`float_from_double()`)"),
+    ("frame_reload", "`frame` read back after the eval breaker"),
     ("error_paths", "`error:`, `miss:` read the instruction from the "
      "frame"),
     ("gen_resume", "`FOR_ITER`, `SEND` resume generators"),
@@ -246,18 +246,18 @@ def design_perf_off(f):
 
     also = {
         "gen_resume": "C stack per `delegate`/`loop` level %s B, "
-        "`-X perf` %s (with it %s, %s; stock 3.11.2 %s)" % (
+        "`-X perf` %s (with it %s, %s; stock %s)" % (
             stack("gen_resume", "off"), stack("gen_resume", "-X perf"),
             stack("full", "off"), stack("full", "-X perf"),
             stack("stock", "off")),
+        "frame_reload": "for PGO + LTO, where GCC keeps `frame` twice",
         "co_extra": "`-X perf`: another user's free function runs %d "
         "times for %d untagged functions, not %d (`test_stress`)" % (
             p["free_calls"]["co_extra"], p["untagged"],
             p["free_calls"]["full"])}
-    out = ["%s (`make`'s build, no PGO or LTO): "
-           "instructions perf off without each change, %% over the whole "
-           "patch; all but frame records act even with "
-           "`--disable-perf-trampoline`:" % p["date"], "",
+    out = ["%s, `make`'s build (no PGO, LTO): perf-off instructions "
+           "without each change, %% over the whole patch; all but frame "
+           "records act even `--disable-perf-trampoline`:" % p["date"], "",
            "| change | %s | also |" % " | ".join(
                "`%s`" % w for w in workloads),
            "|---" * (len(workloads) + 2) + "|"]
