@@ -69,7 +69,7 @@ DEBIAN_TREE := build/cpython-debian
 # (tools/build-aarch64.sh).
 AARCH64_TREE := build/cpython-aarch64
 
-.PHONY: all build deps deps-test deps-jit tree export dist install test test-fresh demo demo-jit picture nofp release release-nofp stock-release bench clean help
+.PHONY: all build deps deps-test deps-jit tree export dist install test test-fresh demo demo-jit picture nofp release release-nofp stock-release bench bench-perf-off clean help
 .PHONY: deps-debian debian install-debian test-debian
 .PHONY: deps-aarch64 aarch64 test-aarch64 test-release deb test-deb deb-fresh
 .PHONY: ext
@@ -84,6 +84,7 @@ help:
 	@echo "make demo-jit   the same with -X perf_jit on a build without frame pointers"
 	@echo "make picture    remake the README's flame graph, examples/flamegraph.png (needs chromium)"
 	@echo "make bench      benchmarks: ours and its release build (perf off/on) vs stock 3.11.2, Debian's python3.11, upstream"
+	@echo "make bench-perf-off  make bench's step alone: what each perf-off change of the evaluator patch wins"
 	@echo "make tree       (re)assemble $(TREE) from the pristine source + overlay + patches"
 	@echo "make export     write edits in $(TREE) back to the overlay and patches/"
 	@echo "make release    build $(RELEASE_TREE): PGO + LTO, trained with -X perf too"
@@ -253,6 +254,11 @@ picture: build
 # BENCH_UPSTREAM="py1 py2" (upstream interpreters; default: pyenv 3.12/3.13).
 bench: build release ext
 	@BASE_FLAGS="$(BASE_FLAGS)" tools/bench.sh
+
+bench-perf-off: build
+	@BASE_FLAGS="$(BASE_FLAGS)" tools/bench-perf-off.sh
+	@python3 bench/figures.py collect-perf-off build/bench/perf_off.json
+	@python3 bench/figures.py update
 
 # --one-file-system: never into a fresh root's /dev or /sys that an
 # interrupted make test-fresh left mounted.

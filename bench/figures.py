@@ -1,9 +1,14 @@
 #!/usr/bin/env python3
 """The figures the documents quote, kept in one file: bench/results.json.
 
-    figures.py collect RUN_JSON SIDE_JSON   write bench/results.json from a
-                                            make bench run (run_bench.py's
-                                            and side_costs.py's --json)
+    figures.py collect RUN_JSON SIDE_JSON [PERF_OFF_JSON]
+                                            write bench/results.json from a
+                                            make bench run (run_bench.py's,
+                                            side_costs.py's and
+                                            perf_off.py's --json)
+    figures.py collect-perf-off PERF_OFF_JSON
+                                            replace only perf_off.py's
+                                            figures (make bench-perf-off)
     figures.py update                       rewrite the generated tables in
                                             the documents from it
     figures.py check                        exit 1, naming them, if a
@@ -38,9 +43,9 @@ NEEDED = ("ours on/off", "3.12 on/off", "3.13 on/off", "ours off/stock",
 
 # ---- collect --------------------------------------------------------------
 
-def collect(run, side):
-    """The results file's content from run_bench.py's JSON (`run`) and
-    side_costs.py's (`side`)."""
+def collect(run, side, perf_off=None):
+    """The results file's content from run_bench.py's JSON (`run`),
+    side_costs.py's (`side`) and perf_off.py's, if it ran."""
     ratios = {}
     for name in RATIOS:
         per = {w: round(e["ratios"][name]["min"], 3)
@@ -80,6 +85,7 @@ def collect(run, side):
                         "tmp_kib": round(r["tmp"] / 1024)}
                  for name, r in rows.items()},
         "attach_ms": round(side["attach_ms"]),
+        **({"perf_off": perf_off} if perf_off else {}),
     }
 
 
@@ -211,8 +217,61 @@ def bench_side(f):
     return out
 
 
+# The variants of bench/perf_off.py: one per change of the evaluator patch
+# that acts with perf off (bench/perf_off/NAME.patch undoes it), and the
+# frame records; and what each leaves out.
+PERF_OFF_ROWS = (
+    ("float_inline", "float free list inline (`float_from_double()`)"),
+    ("frame_reload", "`frame` read back after the eval breaker"),
+    ("error_paths", "`error:`, `miss:` read the instruction from the "
+     "frame"),
+    ("gen_resume", "`FOR_ITER`, `SEND` resume generators"),
+    ("co_extra", "`co_extra` free functions skip slots never set"),
+    ("records", "frame records (per inlined call and return a test and a "
+     "count; a register)"),
+)
+
+
+def design_perf_off(f):
+    p = f.get("perf_off")
+    if not p:
+        return ["(No make bench run has measured it yet.)"]
+    counts = p["instructions"]
+    full = counts["full"]
+    workloads = list(full)
+
+    def stack(name, key):
+        return "/".join("%d" % p["stack"][name]["%s %s" % (shape, key)]
+                        ["bytes_per_level"] for shape in ("delegate", "loop"))
+
+    also = {
+        "gen_resume": "C stack per `delegate`/`loop` level %s B, "
+        "`-X perf` %s (with it %s, %s; stock %s)" % (
+            stack("gen_resume", "off"), stack("gen_resume", "-X perf"),
+            stack("full", "off"), stack("full", "-X perf"),
+            stack("stock", "off")),
+        "frame_reload": "for PGO + LTO, where GCC keeps `frame` twice",
+        "co_extra": "`-X perf`: another user's free function runs %d "
+        "times for %d untagged functions, not %d (`test_stress`)" % (
+            p["free_calls"]["co_extra"], p["untagged"],
+            p["free_calls"]["full"])}
+    out = ["%s, `make`'s build (no PGO, LTO): perf-off instructions "
+           "without each change, %% over the whole patch; all but frame "
+           "records act even `--disable-perf-trampoline`:" % p["date"], "",
+           "| change | %s | also |" % " | ".join(
+               "`%s`" % w for w in workloads),
+           "|---" * (len(workloads) + 2) + "|"]
+    for name, change in PERF_OFF_ROWS:
+        cells = ["%+.2f" % (counts[name][w] / full[w] * 100 - 100)
+                 if w in counts[name] else "" for w in workloads]
+        out.append("| %s | %s | %s |" % (change, " | ".join(cells),
+                                         also.get(name, "")))
+    return out
+
+
 # Which table goes into which document.
 BLOCKS = {
+    "DESIGN.md": {"perf-off": design_perf_off},
     "README.md": {"costs": readme_costs, "ext-costs": readme_ext},
     "bench/README.md": {"ratios": bench_ratios, "side-costs": bench_side},
 }
@@ -251,15 +310,26 @@ def load(path=RESULTS):
         return json.load(fp)
 
 
+def write(doc):
+    with open(RESULTS + ".tmp", "w", encoding="utf-8") as fp:
+        json.dump(doc, fp, indent=1, ensure_ascii=False)
+        fp.write("\n")
+    os.replace(RESULTS + ".tmp", RESULTS)
+    print("figures: wrote %s" % os.path.relpath(RESULTS, ROOT))
+
+
 def main(argv):
-    if argv[:1] == ["collect"] and len(argv) == 3:
-        with open(argv[1]) as a, open(argv[2]) as b:
-            doc = collect(json.load(a), json.load(b))
-        with open(RESULTS + ".tmp", "w", encoding="utf-8") as fp:
-            json.dump(doc, fp, indent=1, ensure_ascii=False)
-            fp.write("\n")
-        os.replace(RESULTS + ".tmp", RESULTS)
-        print("figures: wrote %s" % os.path.relpath(RESULTS, ROOT))
+    if argv[:1] == ["collect"] and len(argv) in (3, 4):
+        docs = []
+        for path in argv[1:]:
+            with open(path) as fp:
+                docs.append(json.load(fp))
+        write(collect(*docs))
+    elif argv[:1] == ["collect-perf-off"] and len(argv) == 2:
+        doc = load()
+        with open(argv[1]) as fp:
+            doc["perf_off"] = json.load(fp)
+        write(doc)
     elif argv == ["update"]:
         for path, text in stale(load()):
             with open(path, "w", encoding="utf-8") as fp:

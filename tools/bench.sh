@@ -2,10 +2,11 @@
 # make bench: build the unpatched 3.11.2 baseline if needed, then run the
 # bench/ workloads on stock, ours (perf off and -X perf) and upstream
 # 3.12/3.13 when present, and the python3.11 of make deb's packages when
-# built (unpacked into build/deb/root), then memory per code object and the cost of fork
-# (bench/side_costs.py).  Prints the tables; writes every run's figures to
-# build/bench/, then the ones the documents quote to bench/results.json and
-# the documents' tables from it (bench/figures.py).
+# built (unpacked into build/deb/root), then memory per code object and the
+# cost of fork (bench/side_costs.py), and what each perf-off change of the
+# evaluator patch wins (tools/bench-perf-off.sh).  Prints the tables; writes
+# every run's figures to build/bench/, then the ones the documents quote to
+# bench/results.json and the documents' tables from it (bench/figures.py).
 # Variables: BENCH_RUNS, BENCH_FILTER, BENCH_UPSTREAM (see bench/README.md).
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
@@ -33,9 +34,13 @@ driver=$(command -v python3 || echo "$PYTHON")
     --json "$ROOT/build/bench/results.json" "$@"
 echo
 "$driver" "$ROOT/bench/side_costs.py" --json "$ROOT/build/bench/side_costs.json" "$PYTHON"
-# Only a whole run replaces the figures the documents quote.
+# Only a whole run measures the perf-off changes (tools/bench-perf-off.sh)
+# and replaces the figures the documents quote.
 if [ -z "${BENCH_FILTER:-}" ]; then
+    echo
+    "$ROOT/tools/bench-perf-off.sh" --json "$ROOT/build/bench/perf_off.json"
     "$driver" "$ROOT/bench/figures.py" collect \
-        "$ROOT/build/bench/results.json" "$ROOT/build/bench/side_costs.json"
+        "$ROOT/build/bench/results.json" "$ROOT/build/bench/side_costs.json" \
+        "$ROOT/build/bench/perf_off.json"
     "$driver" "$ROOT/bench/figures.py" update
 fi

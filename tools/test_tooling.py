@@ -227,6 +227,16 @@ class TreeTests(ScratchTestCase):
         self.assertEqual(self.git("log", "-1", "--format=%s"),
                          "Overlay and patches\n")
 
+    def test_perf_off_variants_apply(self):
+        # make bench builds the tree with each perf-off change undone
+        # (tools/bench-perf-off.sh): each undo still applies, as it is.
+        patches = sorted(glob.glob(os.path.join(ROOT, "bench", "perf_off",
+                                                "*.patch")))
+        self.assertTrue(patches)
+        for path in patches:
+            with self.subTest(os.path.basename(path)):
+                self.git("apply", "--check", path)
+
     def test_reassemble_keeps_unchanged_files(self):
         path = os.path.join(self.tree, "Objects", "listobject.c")
         mtime = os.stat(path).st_mtime_ns
@@ -1010,15 +1020,17 @@ class FiguresTests(unittest.TestCase):
                                 "fork_ms": r["fork_ms"],
                                 "tmp": r["tmp_kib"] * 1024}
                          for name, r in want["fork"].items()}}
-        self.assertEqual(self.figures.collect(run, side), want)
+        self.assertEqual(self.figures.collect(run, side,
+                                              want["perf_off"]), want)
 
     def test_a_changed_figure_is_found(self):
         figures = self.figures.load()
         figures["attach_ms"] += 1
         figures["ratios"]["3.12 on/off"]["workloads"]["fib"] += 0.5
+        figures["perf_off"]["instructions"]["full"]["fib"] += 10 ** 7
         stale = self.figures.stale(figures)
         self.assertEqual(sorted(os.path.relpath(p, ROOT) for p, _ in stale),
-                         ["README.md", "bench/README.md"])
+                         ["DESIGN.md", "README.md", "bench/README.md"])
 
 
 class HelpTests(unittest.TestCase):
