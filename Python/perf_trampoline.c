@@ -165,6 +165,14 @@ report_failure(const char *what)
     }
 }
 
+/* The bytes each of `backend`'s trampolines owns. */
+static size_t
+backend_span(const _PyPerf_Backend *backend)
+{
+    size_t code_size = _PyPerf_core.code_size;
+    return backend->span != NULL ? backend->span(code_size) : code_size;
+}
+
 /* What one call of assign_trampoline() gives trampolines for. */
 typedef struct {
     const perf_interp *pi;
@@ -275,12 +283,9 @@ assign_trampoline(PyCodeObject *co, const perf_interp *pi, int nested)
     assignment a = {
         .pi = pi,
         .index = pi->extra_index[backend_number(pi->backend)],
-        .span = _PyPerf_core.code_size,
+        .span = backend_span(pi->backend),
         .first = co,
     };
-    if (pi->backend->span != NULL) {
-        a.span = pi->backend->span(_PyPerf_core.code_size);
-    }
     /* _PyCode_SetExtra can fail (memory), and may set an exception then;
        whatever exception the frame carries (throw()) must survive. */
     PyObject *type, *value, *tb;
@@ -325,11 +330,7 @@ unnamed_trampoline(const perf_interp *pi)
     if (unnamed[b] == NULL && _PyPerf_core.arena_status == _PyPerf_ARENAS_OK
         && !_PyPerf_core.no_new)
     {
-        size_t span = _PyPerf_core.code_size;
-        if (pi->backend->span != NULL) {
-            span = pi->backend->span(span);
-        }
-        char *slot = _PyPerf_NewSlot(span);
+        char *slot = _PyPerf_NewSlot(backend_span(pi->backend));
         if (slot == NULL) {
             report_failure(NO_ARENA);
             return NULL;
