@@ -164,8 +164,8 @@ def without(suite, left_out, why):
     for item in suite:
         if isinstance(item, unittest.TestSuite):
             kept.addTest(without(item, left_out, why))
-        elif why(item):
-            left_out.append([item.id(), why(item)])
+        elif (reason := why(item)) is not None:
+            left_out.append([item.id(), reason])
         else:
             kept.addTest(item)
     return kept
