@@ -32,6 +32,14 @@
 /* Bytes mapped per arena (rounded up to whole pages). */
 #define ARENA_SIZE (64 * 1024)
 
+/* Unmapped-for-use address space kept below each arena.  perf's DWARF
+   unwinder reads any address within a sample's stack copy (up to 65528
+   bytes above the stack pointer) from that copy, the unwind tables of a
+   trampoline included; a thread stack mapped just below an arena would
+   give them the stack's bytes, and every sample in that thread would stop
+   at the first trampoline not yet looked up elsewhere. */
+#define ARENA_GAP (64 * 1024)
+
 /* Each trampoline starts on its own 16-byte boundary: branch targets. */
 #define SLOT_ALIGN 16
 
@@ -54,9 +62,17 @@ new_arena(void)
         page = 4096;
     }
     size_t size = _Py_SIZE_ROUND_UP(ARENA_SIZE, (size_t)page);
-    char *mem = mmap(NULL, size, PROT_READ | PROT_WRITE,
-                     MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (mem == MAP_FAILED) {
+    size_t gap = _Py_SIZE_ROUND_UP(ARENA_GAP, (size_t)page);
+    char *base = mmap(NULL, gap + size, PROT_NONE,
+                      MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (base == MAP_FAILED) {
+        return -1;
+    }
+    char *mem = base + gap;
+    if (mprotect(mem, size, PROT_READ | PROT_WRITE) < 0) {
+        int saved = errno;
+        munmap(base, gap + size);
+        errno = saved;
         return -1;
     }
     /* A template at the start of every slot: one copy, then the filled
@@ -75,7 +91,7 @@ new_arena(void)
             || mprotect(mem, size, PROT_READ | PROT_EXEC) < 0))
     {
         int saved = errno;
-        munmap(mem, size);
+        munmap(base, gap + size);
         errno = saved;
         return -1;
     }

@@ -604,8 +604,12 @@ class OtherEvalFrameTests(PerfTestCase):
 class MapFileTests(PerfTestCase):
     """Where the map is written, and what it refuses to write to."""
 
-    def test_no_writable_and_executable_mapping(self):
-        # 5000 trampolines need more than one arena.
+    def test_arena_mappings(self):
+        # 5000 trampolines need more than one arena.  None is writable
+        # and executable; each has 64 KiB of inaccessible address space
+        # below it, where no thread stack comes within reach of perf's
+        # stack copy (up to 65528 bytes), which DWARF unwinding would read
+        # in place of the trampoline's unwind tables.
         result = self.run_script("""\
             import sys
             source = "".join(f"def f{i}(): return {i}\\n"
@@ -628,9 +632,14 @@ class MapFileTests(PerfTestCase):
         self.assertEqual(len(entries), 5000)
         for entry in entries:
             end = entry.start + entry.size
-            perms = [p for low, high, p in mappings
+            arena = [(low, high, p) for low, high, p in mappings
                      if low <= entry.start and end <= high]
-            self.assertEqual(perms, ["r-xp"], entry)
+            self.assertEqual([p for _, _, p in arena], ["r-xp"], entry)
+            below = [(low, p) for low, high, p in mappings
+                     if high == arena[0][0]]
+            self.assertEqual(len(below), 1, entry)
+            self.assertEqual(below[0][1], "---p", entry)
+            self.assertGreaterEqual(arena[0][0] - below[0][0], 64 * 1024)
 
     def test_map_mode_0600(self):
         result = self.run_script("""\
