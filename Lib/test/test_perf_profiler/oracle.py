@@ -378,9 +378,14 @@ def shape_fork():
 
 
 def shape_fork_nocopy():
-    run_child([sys.executable, "-X", "perf_fork_copy=0",
-               *python_command("fork")[1:]],
-              env=dict(os.environ, ORACLE_SHAPE="fork_nocopy"))
+    # As -X perf_fork_copy=0, in this process: perf's DWARF unwinder
+    # loses the frames of a process that a recorded one started with exec.
+    persist = ctypes.pythonapi.PyUnstable_PerfTrampoline_SetPersistAfterFork
+    persist(0)
+    try:
+        fork_shape(os.fork, "fork_nocopy")
+    finally:
+        persist(1)
 
 
 def pool_work(_):
