@@ -368,8 +368,9 @@ class DwarfOracleTests(DwarfRoute, unittest.TestCase):
     ROUTE = "dwarf"
     # perf (6.1 and 6.12 alike) unwinds no frame above the first in a
     # process that a recorded one started with exec where both map the
-    # same shared libpython, as this build does; Debian's python3.11
-    # links it in (ExtensionOracleTests runs these shapes).
+    # same shared libpython, as this build does, at different addresses
+    # (the same under setarch -R); Debian's python3.11 links it in
+    # (ExtensionOracleTests runs these shapes).
     SHAPES = [shape for shape in DwarfRoute.SHAPES
               if shape not in EXEC_SHAPES]
     TESTED = [*SHAPES, "activation"]
