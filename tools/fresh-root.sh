@@ -138,3 +138,55 @@ root_install() {
         in_root apt-get install -y -qq "$@" >>"$log" 2>&1 ||
         { tail -20 "$log" >&2; die "installing $* in the root failed (log: $log)"; }
 }
+
+# copy_pyenv FROM TO: what the tests use of this machine's pyenv (FROM),
+# whatever of it there is, into TO (the root's ~/.pyenv):
+# - upstream 3.12's and 3.13's perf test files alone (test_upstream);
+# - the pyenv command with its python-build plugin (PyenvTests);
+# - its 3.11.x (make ext, ExtInstallTests) as `pyenv install` left them:
+#   not their own test suite (123 MB), and in site-packages only what
+#   ensurepip put there, pip and setuptools, not what was installed
+#   since, whose scripts (RECORD: ../../../bin/...) go too.
+copy_pyenv() {
+    local from=$1 to=$2 f version dest record dist path rel
+    local site=lib/python3.11/site-packages
+    for f in "$from"/versions/3.1[23].*/lib/python3.1[23]/test/test_perf{_profiler,maps}.py; do
+        [ -f "$f" ] || continue
+        mkdir -p "$(dirname "$to/${f#"$from"/}")"
+        cp "$f" "$to/${f#"$from"/}"
+    done
+    if [ -x "$from/libexec/pyenv" ]; then
+        mkdir -p "$to/plugins"
+        cp -a "$from/bin" "$from/libexec" "$from/pyenv.d" "$to/"
+        cp -a "$from/plugins/python-build" "$to/plugins/"
+    fi
+    for version in "$from"/versions/3.11.*; do
+        [ -x "$version/bin/python3.11" ] || continue
+        dest=$to/versions/${version##*/}
+        mkdir -p "$dest"
+        tar -C "$version" --anchored --exclude=./lib/python3.11/test \
+            --exclude="./$site" -cf - . | tar -C "$dest" -xf -
+        for record in "$version/$site"/*.dist-info/RECORD; do
+            [ -f "$record" ] || continue
+            dist=${record%/RECORD}
+            dist=${dist##*/}
+            # RECORD's paths are relative to site-packages; a name that
+            # leaves the version elsewhere is not followed.
+            while IFS=, read -r path _; do
+                case $path in
+                    ../../../*) rel=${path#../../../} ;;
+                    *) rel=$site/$path ;;
+                esac
+                case /$rel/ in */../*|*/./*|//*) continue ;; esac
+                if [[ $dist == pip-* || $dist == setuptools-* ]]; then
+                    if [ -f "$version/$rel" ]; then
+                        printf '%s\n' "$rel"
+                    fi
+                elif [[ $rel != "$site"/* ]]; then
+                    rm -f "$dest/$rel"
+                fi
+            done <"$record"
+        done | tar -C "$version" --no-recursion --verbatim-files-from \
+                   -T - -cf - | tar -C "$dest" -xf -
+    done
+}

@@ -8,8 +8,9 @@
 # - Inside it: only the README's prerequisites (git, make,
 #   ca-certificates), this machine's local certificate authorities and
 #   npm configuration, then a clone of this repository's committed HEAD
-#   (uncommitted changes are not part of the test), and upstream's perf
-#   test files from this machine's pyenv, if it has them.
+#   (uncommitted changes are not part of the test), and what the tests
+#   use of this machine's pyenv, where it has it: the pyenv command, its
+#   3.11.x, upstream's perf test files (copy_pyenv in fresh-root.sh).
 # - `make demo` and `make test` run in it through chroot with /proc, /sys
 #   and /dev mounted, as root.
 #
@@ -57,16 +58,10 @@ head=$(git -C "$ROOT" rev-parse HEAD)
 say "cloning $ROOT at ${head:0:12} into the root"
 git clone -q --no-hardlinks "$ROOT" "$CHROOT$SRC"
 git -C "$CHROOT$SRC" checkout -q --detach "$head"
-# Upstream CPython's own perf tests, which test_upstream runs unchanged,
-# where this machine has them (pyenv's 3.12.1 and 3.13.0): their test
-# files alone, at the same place under the root's ~/.pyenv.
-pyenv_root=${PYENV_ROOT:-$HOME/.pyenv}
-for f in "$pyenv_root"/versions/3.1[23].*/lib/python3.1[23]/test/test_perf{_profiler,maps}.py; do
-    [ -f "$f" ] || continue
-    dest=$CHROOT/root/.pyenv/${f#"$pyenv_root"/}
-    mkdir -p "$(dirname "$dest")"
-    cp "$f" "$dest"
-done
+if [ "$MODE" = test ]; then
+    say "copying what the tests use of this machine's pyenv to the root's ~/.pyenv"
+    copy_pyenv "${PYENV_ROOT:-$HOME/.pyenv}" "$CHROOT/root/.pyenv"
+fi
 
 # make_in_root TARGET: make TARGET in the root, its output also in
 # $WORK/TARGET.log; returns make's status.  It runs in the background and

@@ -27,6 +27,10 @@ import unittest
 
 import perftramp311
 
+# The repository: README.md, and ext/, which pip installs.
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__))))
+
 REQUIRED = (os.environ.get("CI") == "true"
             or os.environ.get("PERF_TESTS_REQUIRED") == "1")
 
@@ -662,11 +666,16 @@ def find_perf():
     return perf
 
 
-def flame_paths(path):
-    """Each root-to-leaf path of the tree the flame graph report `path`
-    draws, as its frames' names, root first."""
+def report_stacks(path):
+    """Each stack the report `path` shows, as its frames' names, root
+    first: a line of folded stacks (the process first), or a root-to-leaf
+    path of the tree a flame graph draws."""
     with open(path, encoding="utf-8") as f:
-        found = re.search(r"const stacks = \[(.*?)\];\n", f.read(), re.S)
+        text = f.read()
+    if path.endswith(".folded"):
+        return [line.rpartition(" ")[0].split(";")
+                for line in text.splitlines()]
+    found = re.search(r"const stacks = \[(.*?)\];\n", text, re.S)
     paths = []
 
     def walk(node, above):
@@ -677,6 +686,15 @@ def flame_paths(path):
             walk(child, here)
     walk(json.loads(found.group(1)), [])
     return paths
+
+
+def readme_lines():
+    """The commands of the README's block for a stock 3.11 (in "Use the
+    Python you already have"), each split into words as a shell would."""
+    with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
+        section = f.read().split("\n## Use the Python you already have\n")[1]
+    block = re.search(r"\n\n((?:    .*\n)+)", section).group(1)
+    return [shlex.split(line, comments=True) for line in block.splitlines()]
 
 
 def python_frames(names):
@@ -725,12 +743,12 @@ class TestRecord(FilesMixin, unittest.TestCase):
             os.path.join(self.out, name) for name in (
                 "perf.data", "flamegraph.html", "flamegraph-python.html",
                 "stacks.folded", "stacks-python.folded")])
-        # The Python view: the chain's frames next to each other; every
+        # The Python views: the chain's frames next to each other; every
         # frame: the interpreter's between them.
         chain = list(chain)
-        for view, apart in ((2, False), (1, True)):
+        for view, apart in ((2, False), (1, True), (4, False), (3, True)):
             found = []
-            for names in flame_paths(paths[view]):
+            for names in report_stacks(paths[view]):
                 python = python_frames(names)[-3:]
                 if [name for _, name in python] == chain:
                     found.append(python[-1][0] - python[0][0] > 2)
@@ -760,6 +778,30 @@ class TestRecord(FilesMixin, unittest.TestCase):
     def test_command(self):
         proc = self.record("--", sys.executable, self.app)
         self.assertEqual(proc.returncode, 0, proc.stderr)
+        self.assert_recorded(proc)
+
+    def test_readme_lines(self):
+        # The README's lines for a stock 3.11, as they stand, python3.11
+        # being this venv's interpreter and ~/venv a fresh venv of it: its
+        # own pip installs the package offline, then app.py is recorded
+        # where it lies, into the default output directory.
+        venv = os.path.join(self.tmp, "venv")
+        commands = [[sys._base_executable if word == "python3.11"
+                     else re.sub(r"^~/venv(?=/|$)", lambda _: venv, word)
+                     for word in words] for words in readme_lines()]
+        self.assertEqual(len(commands), 3, commands)
+        for args in commands[:2]:
+            proc = subprocess.run(args, cwd=ROOT, capture_output=True,
+                                  text=True, timeout=300,
+                                  env=environment(PIP_NO_INDEX="1"))
+            self.assertEqual(proc.returncode, 0, proc.stderr)
+        proc = subprocess.run(commands[2], cwd=self.tmp, capture_output=True,
+                              text=True, timeout=300, env=environment(
+                                  PERF=self.perf, HOME=self.home))
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        [made] = set(os.listdir(self.tmp)) - {"app.py", "home", "venv"}
+        self.assertRegex(made, r"^perf-record-\d{8}-\d{6}$")
+        self.out = os.path.join(self.tmp, made)
         self.assert_recorded(proc)
 
     def test_perf_of_the_release(self):

@@ -28,7 +28,8 @@ import unittest
 
 from test import support
 from test.test_perf_profiler.util import (
-    ProfilerFiles, clean_env, needs_host, skip_environment, tmp_files_lock)
+    ProfilerFiles, clean_env, needs_host, pyenv_root, skip_environment,
+    tmp_files_lock)
 
 # The releases, and the directory of each one's tests under pyenv's root.
 RELEASES = {
@@ -121,12 +122,6 @@ DRIVER = textwrap.dedent("""\
     with open(out, "w", encoding="utf-8") as f:
         json.dump(outcomes, f)
     """)
-
-
-def pyenv_root():
-    """pyenv's root as `pyenv root` finds it: $PYENV_ROOT, else
-    ~/.pyenv."""
-    return os.environ.get("PYENV_ROOT") or os.path.expanduser("~/.pyenv")
 
 
 def upstream_file(release, name):

@@ -94,8 +94,8 @@ CHAIN_RESULT = 4498500
 
 def tests_required():
     """True where no test may be skipped for want of perf, gdb, ptrace,
-    mounts or cross tools: CI=true or PERF_TESTS_REQUIRED=1.  CI must
-    prove the product works, not skip the proof."""
+    mounts, cross tools or pyenv: CI=true or PERF_TESTS_REQUIRED=1.  CI
+    must prove the product works, not skip the proof."""
     return (os.environ.get("CI", "").lower() == "true"
             or os.environ.get("PERF_TESTS_REQUIRED") == "1")
 
@@ -120,6 +120,12 @@ def skip_environment(reason):
         raise AssertionError("required here (CI=true or "
                              f"PERF_TESTS_REQUIRED=1), but {reason}")
     raise unittest.SkipTest(reason)
+
+
+def pyenv_root():
+    """pyenv's root as `pyenv root` finds it: $PYENV_ROOT, else
+    ~/.pyenv (upstream's releases, stock 3.11.x builds)."""
+    return os.environ.get("PYENV_ROOT") or os.path.expanduser("~/.pyenv")
 
 
 # ----------------------------------------------------------------------
