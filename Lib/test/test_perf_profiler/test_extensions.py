@@ -16,10 +16,9 @@ import unittest
 from test.test_perf_profiler.jitlib import (
     NOFP_PYTHON, PERF, TIMEOUT, perf_jit_skip_reason)
 from test.test_perf_profiler.util import (
-    NOFP_ONCE, PerfTestCase, clean_env, needs_host, skip_environment,
-    write_script)
+    DIST_PACKAGES, NOFP_ONCE, PerfTestCase, clean_env, needs_host,
+    skip_environment, write_script)
 
-DIST_PACKAGES = "/usr/lib/python3/dist-packages"
 MODULES = ("numpy", "lxml", "yaml", "greenlet", "gevent")
 
 PRELUDE = """\

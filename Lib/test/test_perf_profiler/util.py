@@ -57,6 +57,10 @@ from test import support
 PERF_ENV_VARS = ("PYTHONPERFSUPPORT", "PYTHON_PERF_JIT_SUPPORT",
                  "PYTHON_PERF_FORK_COPY")
 
+# Debian's python3-* packages (tools/install-deps.sh test): pure Python,
+# or built for its python3.11, whose ABI ours keeps.
+DIST_PACKAGES = "/usr/lib/python3/dist-packages"
+
 # One line of a perf map written by the interpreter: hex without "0x".
 MAP_LINE_RE = re.compile(r"^([0-9a-f]+) ([0-9a-f]+) (py::.+)$")
 
