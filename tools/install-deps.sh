@@ -9,7 +9,7 @@
 #   tools/install-deps.sh test     ... plus what the tests run: the arm64
 #                                  cross compiler and qemu (the template
 #                                  tests), bpftrace, Debian's compiled
-#                                  extensions
+#                                  extensions and gunicorn
 #   tools/install-deps.sh bench    ... plus hyperfine (kept for manual use)
 #   tools/install-deps.sh ext      ... plus what building perftramp311 (ext/)
 #                                  for Debian's python3.11 takes (make ext)
@@ -62,6 +62,8 @@ test) PACKAGES+=("${CROSS_PACKAGES[@]}" "${EXT_PACKAGES[@]}"
                  # under -X perf
                  python3-numpy python3-lxml python3-yaml python3-greenlet
                  python3-gevent
+                 # test_oracle: a real pre-fork server
+                 python3-gunicorn
                  # test_reports opens the flame graphs in a headless browser
                  chromium) ;;
 bench) PACKAGES+=(hyperfine) ;;

@@ -17,14 +17,15 @@ with start and end read from CLOCK_MONOTONIC, the clock of "perf record
 -k 1".  Every sample perf takes in that thread between start and end was
 taken in the leaf, and its Python frames must be exactly the chain.
 
-Only the standard library is used: test_oracle runs it on Debian's
-python3.11 with perftramp311 too.  Environment: ORACLE_SPIN (seconds
+Only the standard library is used, but for the gunicorn shape's Debian
+gunicorn: test_oracle runs it on Debian's python3.11 with perftramp311
+too.  Environment: ORACLE_SPIN (seconds
 per leaf, default 0.2), ORACLE_ENABLE ("NAME=VALUE", the variable that
 switches trampolines on in a child started with a command line of its
 own), ORACLE_BACKEND (what the activation shape passes to
 sys.activate_stack_trampoline), ORACLE_STOP (1: each leaf calls
 os.getppid() once it has its chain, where a debugger stops and walks the
-stack: test_unwind).
+stack: test_unwind), ORACLE_SITE (a directory to import gunicorn from).
 """
 
 import asyncio
@@ -32,12 +33,14 @@ import ctypes
 import functools
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
 import threading
 import traceback
-from time import CLOCK_MONOTONIC, clock_gettime_ns, thread_time_ns
+from time import (
+    CLOCK_MONOTONIC, clock_gettime_ns, monotonic, sleep, thread_time_ns)
 
 SPIN = float(os.environ.get("ORACLE_SPIN", "0.2"))
 STOP = os.getppid if os.environ.get("ORACLE_STOP") == "1" else None
@@ -469,6 +472,76 @@ def shape_server():
     serve(workers)
     for worker in workers:
         retire(worker)
+
+
+def gunicorn_app(environ, start_response):
+    """The gunicorn shape's WSGI application: each worker imports this
+    file as a module of its own (oracle), after the fork."""
+    new_leaf("gunicorn_leaf")()
+    start_response("200 OK", [("Content-Type", "text/plain")])
+    return [b"%d" % os.getpid()]
+
+
+def gunicorn_socket():
+    return os.path.join(os.environ["ORACLE_OUT"], "gunicorn.sock")
+
+
+def gunicorn_request():
+    """GET / from the gunicorn shape's server, once it listens; the pid
+    of the worker that answered."""
+    deadline = monotonic() + 60
+    while True:
+        try:
+            with socket.socket(socket.AF_UNIX) as s:
+                s.connect(gunicorn_socket())
+                s.sendall(b"GET / HTTP/1.0\r\n\r\n")
+                response = b"".join(iter(functools.partial(s.recv, 4096),
+                                         b""))
+            break
+        except (FileNotFoundError, ConnectionRefusedError):
+            if monotonic() > deadline:
+                raise
+            sleep(0.05)
+    head, _, body = response.partition(b"\r\n\r\n")
+    if head.split()[1:2] != [b"200"]:
+        raise ConnectionError(f"gunicorn answered {response!r}")
+    return int(body)
+
+
+def gunicorn_client(served):
+    """Request until three workers have answered, then stop the master
+    (this process).  Each worker retires after two requests
+    (--max-requests), so the fifth request at the latest is served by a
+    worker the master forked while perf records."""
+    try:
+        while len(served) < 3:
+            served.add(gunicorn_request())
+    finally:
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+def shape_gunicorn():
+    # gunicorn takes this process over (its signal handlers, its exit).
+    if os.environ.get("ORACLE_SITE"):
+        sys.path.append(os.environ["ORACLE_SITE"])
+    from gunicorn.app.wsgiapp import run
+    # Two sync workers (the default class), no --preload.
+    sys.argv = ["gunicorn", "--workers=2", "--max-requests=2",
+                "--log-level=warning", f"--bind=unix:{gunicorn_socket()}",
+                f"--chdir={os.path.dirname(os.path.abspath(__file__))}",
+                "oracle:gunicorn_app"]
+    master = os.getpid()
+    served = set()
+    client, = started([functools.partial(gunicorn_client, served)])
+    try:
+        run()
+    finally:
+        # The master's end, not a worker's.
+        if os.getpid() == master:
+            client.join()
+            if len(served) < 3:
+                raise ChildProcessError(f"gunicorn's workers {served} "
+                                        "served, then it stopped")
 
 
 def libc_fork():

@@ -3,10 +3,12 @@
 The workloads (oracle.py) call leaf functions in every shape a program
 gives its stack -- nested calls, exceptions, generators, coroutines,
 threads, activation with threads running, fork and C-level fork, pools,
-a pre-fork server, exec, subprocesses, deep recursion.  Each leaf records
-the qualified names of its frames as the program itself sees them
-(sys._getframe()) and the interval it then spins in, by pid and thread.
-perf records all shapes in one session per route:
+a pre-fork server, exec, subprocesses, deep recursion; and Debian's
+gunicorn with its workers.  Each leaf records the qualified names of its
+frames as the program itself sees them (sys._getframe()) and the
+interval it then spins in, by pid and thread.  perf records the shapes
+in one session per route, gunicorn (which takes its process over) in one
+of its own:
 
 * frame pointers: -X perf, perf record -g, on sys.executable;
 * DWARF: -X perf_jit, perf record --call-graph dwarf, perf inject --jit,
@@ -34,9 +36,9 @@ import unittest
 
 from test.test_perf_profiler import jitlib, oracle
 from test.test_perf_profiler.util import (
-    NOFP_ONCE, TIMED_FIELDS, TIMEOUT, ProfilerFiles, clean_env, needs_host,
-    once_per_run, parse_perf_script, perf_record_works, record_samples,
-    skip_environment, tmp_files_lock)
+    DIST_PACKAGES, NOFP_ONCE, TIMED_FIELDS, TIMEOUT, ProfilerFiles,
+    clean_env, needs_host, once_per_run, parse_perf_script,
+    perf_record_works, record_samples, skip_environment, tmp_files_lock)
 
 ORACLE = os.path.abspath(oracle.__file__)
 
@@ -48,6 +50,19 @@ SHAPES = ["calls", "exceptions", "generators", "coroutines", "threads",
           "activation", "fork", "fork_nocopy", "pool_fork",
           "pool_forkserver", "pool_spawn", "server", "cfork", "cfork_exec",
           "exec", "subprocess", "recursion", "recursion_thread"]
+
+# What the gunicorn shape runs: Debian's gunicorn, pure Python, imported
+# from there by any 3.11.
+GUNICORN = os.path.join(DIST_PACKAGES, "gunicorn")
+
+
+def gunicorn_missing():
+    """Why the gunicorn shape cannot run here, or None."""
+    if not os.path.isdir(GUNICORN):
+        return (f"Debian's gunicorn is not installed ({GUNICORN}: "
+                "python3-gunicorn, tools/install-deps.sh test)")
+    return None
+
 
 # Samples each shape must have had checked to prove anything.
 MIN_SAMPLES = 50
@@ -86,6 +101,7 @@ class Checked:
         self.cut = collections.Counter()        # frames seen -> samples
         self.unnamed = 0        # true but for the innermost, UNNAMED
         self.mismatches = collections.Counter()  # describe() -> samples
+        self.pids = set()       # processes with samples checked
 
     @property
     def total(self):
@@ -93,7 +109,8 @@ class Checked:
             self.mismatches.values())
 
     def report(self, route, shape):
-        lines = [f"oracle {route} {shape}: {self.total} samples, "
+        lines = [f"oracle {route} {shape}: {self.total} samples "
+                 f"({len(self.pids)} processes), "
                  f"{self.exact} exact, {sum(self.cut.values())} cut short, "
                  f"{self.unnamed} unnamed past the C stack room, "
                  f"{sum(self.mismatches.values())} wrong"]
@@ -179,7 +196,9 @@ def check(samples, records, route):
         where = route.unwalked(sample)
         if where is not None:
             result.unwalked[where] += 1
-        elif seen == chain:
+            continue
+        result.pids.add(pid)
+        if seen == chain:
             result.exact += 1
         elif (seen and seen == chain[:len(seen)]
               and route.cut_short(sample, seen, chain)):
@@ -215,7 +234,8 @@ class OracleRun:
             directory = os.path.join(cls.tmpdir, f"session{number}")
             os.mkdir(directory)
             env = clean_env(**{**cls.ORACLE_ENV, **changes,
-                               "ORACLE_OUT": out})
+                               "ORACLE_OUT": out,
+                               "ORACLE_SITE": DIST_PACKAGES})
             proc, more = cls.record([*args], env, directory)
             samples += more
             for pid in {s.origin()[0] for s in more}:
@@ -231,7 +251,10 @@ class OracleRun:
     @classmethod
     def sessions(cls):
         """(command, environment changes) of each perf session."""
-        return [([*cls.COMMAND, ORACLE, *cls.SHAPES], {})]
+        sessions = [([*cls.COMMAND, ORACLE, *cls.SHAPES], {})]
+        if not gunicorn_missing():
+            sessions.append(([*cls.COMMAND, ORACLE, "gunicorn"], {}))
+        return sessions
 
     @classmethod
     def claim(cls, pid):
@@ -245,6 +268,16 @@ class OracleRun:
         exact = (result.exact + self.counted_cut(shape, result)
                  + result.unnamed)
         self.assertGreaterEqual(exact, self.THRESHOLD * result.total, report)
+        return result
+
+    def test_gunicorn(self):
+        reason = gunicorn_missing()
+        if reason:
+            skip_environment(reason)
+        result = self.check_shape("gunicorn")
+        # The first two workers, and one forked while perf recorded.
+        self.assertGreaterEqual(len(result.pids), 3,
+                                result.report(self.ROUTE, "gunicorn"))
 
     def counted_cut(self, shape, result):
         """How many of the samples cut short count as exact."""
