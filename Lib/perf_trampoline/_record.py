@@ -479,13 +479,17 @@ class _JitFiles:
     processes, and the ELF files perf inject --jit writes beside them,
     jitted-PID-N.so.  Once perf.data is injected, perf finds those in
     DIR/debug, by build id, and needs neither.  Our own are removed: the
-    jitdumps new since recording began (or of the process -p named) of
-    processes that have exited, and all the ELF files of those processes.
-    In a sticky /tmp no other user can put anything else under a name we
-    checked."""
+    jitdumps new since recording began (or of the process -p named) whose
+    mapping the recording saw, of processes that have exited, and all the
+    ELF files of those processes: another recording's, made meanwhile,
+    are left alone.  In a sticky /tmp no
+    other user can put anything else under a name we checked."""
 
     DUMP_RE = re.compile(r"jit-([0-9]+)\.dump")
     ELF_RE = re.compile(r"jitted-([0-9]+)-[0-9]+\.so")
+    # A line of perf script --show-mmap-events.
+    MAPPED_RE = re.compile(
+        r"PERF_RECORD_MMAP.*\]: \S+ /tmp/(jit-[0-9]+\.dump)$", re.M)
 
     def __init__(self, pid=None):
         self.pids = set() if pid is None else {pid}
@@ -521,12 +525,27 @@ class _JitFiles:
                     found[entry.name] = (int(match.group(1)), st)
         return found
 
-    def remove(self):
-        """Remove ours; return the paths removed."""
+    @classmethod
+    def mapped(cls, perf, out):
+        """The names of the jitdumps in /tmp whose mapping the recording
+        in `out`, not yet injected, holds (container processes' too: perf
+        inject reads copies by those names)."""
+        proc = subprocess.run(
+            [*_reports.perf_command(perf, out), "script", "-i", RAW_NAME,
+             "--show-mmap-events", "-F", "pid"],
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+            errors="replace", **out.as_cwd())
+        return set(cls.MAPPED_RE.findall(proc.stdout))
+
+    def remove(self, mapped):
+        """Remove ours, of the jitdumps `mapped` (see mapped()); return
+        the paths removed."""
         removed = []
         with self._tmp() as fd:
-            dumps = self._scan(fd, self.DUMP_RE)
-            pids = self.pids | {
+            dumps = {name: (pid, st) for name, (pid, st)
+                     in self._scan(fd, self.DUMP_RE).items()
+                     if name in mapped}
+            pids = (self.pids & {pid for pid, _ in dumps.values()}) | {
                 pid for name, (pid, st) in dumps.items()
                 if self.before.get(name) != (st.st_dev, st.st_ino)}
             elves = self._scan(fd, self.ELF_RE)
@@ -961,9 +980,10 @@ def run(args):
             recorder.stop()
             recorder.close_maps()
             if args.jit and samples:
+                mapped = _JitFiles.mapped(perf, out)
                 inject(perf, out)
                 kept = _keep_dumps(out, recorder.close_maps())
-                removed = jit_files.remove()
+                removed = jit_files.remove(mapped)
         except RecordError as exc:
             _warn(exc)
             return exc.status

@@ -958,6 +958,46 @@ class RecordJitTests(RecordTestCase):
     def test_command_output_is_its_own(self):
         self.check_output_is_the_commands("--jit", "--perf", self.perf)
 
+    def test_files_of_others_are_left_alone(self):
+        # A jitdump made meanwhile by a process outside the recording
+        # (another recording's, say) is not record's to remove.
+        started = os.path.join(self.tmpdir, "started")
+        go = os.path.join(self.tmpdir, "go")
+        path = write_script(self.tmpdir, f"""\
+            import os, time
+            open({started!r}, "w").close()
+            while not os.path.exists({go!r}) or time.process_time() < 0.5:
+                pass
+            """, "spin_until.py")
+        record = subprocess.Popen(
+            [sys.executable, "-I", "-m", "perf_trampoline", "record",
+             "--jit", "--perf", self.perf, "-o", self.out, "--",
+             self.python, path], stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, text=True, env=self.env,
+            cwd=self.tmpdir)
+        try:
+            deadline = time.monotonic() + TIMEOUT
+            while not os.path.exists(started):
+                self.assertLess(time.monotonic(), deadline,
+                                "the command did not start")
+                time.sleep(0.01)
+            other = subprocess.run(
+                [self.python, "-X", "perf_jit", "-c",
+                 "import os; print(os.getpid())"], capture_output=True,
+                text=True, env=clean_env(), timeout=TIMEOUT, check=True)
+            pid = int(other.stdout)
+            self.files.add_pid(pid)
+            dump = f"/tmp/jit-{pid}.dump"
+            self.assertTrue(os.path.isfile(dump))
+        finally:
+            open(go, "w").close()
+            _, err = record.communicate(timeout=TIMEOUT)
+        self.assertEqual(record.returncode, 0, err)
+        self.assertTrue(os.path.isfile(dump))
+        # Its own are gone.
+        self.assertRecorded(subprocess.CompletedProcess(
+            record.args, 0, "", err), "spin_until.py", ["<module>"])
+
     def test_process(self):
         import perf_trampoline
         pid = self.start_target()
