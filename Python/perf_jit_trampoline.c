@@ -76,6 +76,7 @@
 
 #include <errno.h>
 #include <fcntl.h>                // open()
+#include <pthread.h>              // pthread_atfork()
 #include <stddef.h>               // offsetof()
 #include <stdint.h>
 #include <string.h>
@@ -178,6 +179,8 @@ static struct {
     void *marker;               /* the file's first page, mapped PROT_EXEC */
     size_t marker_size;
     uint64_t code_index;        /* of the next code load */
+    uint32_t pid;               /* 0: not asked since the last fork */
+    int ids_kept;               /* forget_ids() runs at a fork */
     /* Records are built here, not on the C stack: this runs on the first
        call of a function, possibly deep in the C stack (the GIL
        serializes us). */
@@ -195,10 +198,43 @@ monotonic_ns(void)
     return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
+/* Every code load carries the pid and tid: asked of the kernel once per
+   process and thread, not per record (they were two of a record's four
+   system calls).  A fork() runs forget_ids() in the child, in the
+   thread that forked; if the handler could not be registered, every
+   record asks. */
+static pthread_once_t ids_once = PTHREAD_ONCE_INIT;
+static _Thread_local uint32_t thread_id;    /* 0: not asked yet */
+
+static void
+forget_ids(void)
+{
+    jitdump.pid = 0;
+    thread_id = 0;
+}
+
+static void
+register_forget_ids(void)
+{
+    jitdump.ids_kept = (pthread_atfork(NULL, NULL, forget_ids) == 0);
+}
+
+static uint32_t
+current_pid(void)
+{
+    if (jitdump.pid == 0 || !jitdump.ids_kept) {
+        jitdump.pid = (uint32_t)getpid();
+    }
+    return jitdump.pid;
+}
+
 static uint32_t
 current_tid(void)
 {
-    return (uint32_t)syscall(SYS_gettid);
+    if (thread_id == 0 || !jitdump.ids_kept) {
+        thread_id = (uint32_t)syscall(SYS_gettid);
+    }
+    return thread_id;
 }
 
 /* Build the unwind tables once; the answer is kept. */
@@ -307,7 +343,7 @@ adopt_records(void)
         || header.version != JITDUMP_VERSION
         || header.total_size != sizeof(header)
         || header.elf_mach != _PyPerf_EM_HOST
-        || header.pid != (uint32_t)getpid())
+        || header.pid != current_pid())
     {
         errno = EINVAL;
         return -1;
@@ -366,10 +402,10 @@ adopt_records(void)
 static int
 open_dump(char *path, size_t path_size)
 {
-    PyOS_snprintf(path, path_size, "/tmp/jit-%ld.dump", (long)getpid());
     if (jitdump.file.path[0] != '\0') {
         return 0;
     }
+    PyOS_snprintf(path, path_size, "/tmp/jit-%ld.dump", (long)current_pid());
     if (_PyPerf_FileOpen(&jitdump.file, path, _PyPerf_FILE_KEEP) < 0) {
         return -1;
     }
@@ -386,7 +422,7 @@ open_dump(char *path, size_t path_size)
             .version = JITDUMP_VERSION,
             .total_size = sizeof(header),
             .elf_mach = _PyPerf_EM_HOST,
-            .pid = (uint32_t)getpid(),
+            .pid = current_pid(),
             .timestamp = monotonic_ns(),
         };
         if (append(&header, sizeof(header)) < 0)
@@ -421,7 +457,7 @@ copy_parent_records(const _PyPerf_File *parent, off_t end)
         errno = ENOMEM;
         return -1;
     }
-    uint32_t pid = (uint32_t)getpid();
+    uint32_t pid = current_pid();
     uint32_t tid = current_tid();
     uint64_t now = monotonic_ns();
     off_t offset = sizeof(jitdump_header);
@@ -499,8 +535,10 @@ copy_parent_records(const _PyPerf_File *parent, off_t end)
 static int
 jit_init(char *path, size_t path_size)
 {
+    pthread_once(&ids_once, register_forget_ids);
     if (init_unwind_info() < 0) {
-        PyOS_snprintf(path, path_size, "/tmp/jit-%ld.dump", (long)getpid());
+        PyOS_snprintf(path, path_size, "/tmp/jit-%ld.dump",
+                      (long)current_pid());
         return -1;
     }
     return open_dump(path, path_size);
@@ -549,7 +587,7 @@ jit_write_entry(const void *code, size_t code_size,
                                      + code_size),
             .timestamp = now,
         },
-        .pid = (uint32_t)getpid(),
+        .pid = current_pid(),
         .tid = current_tid(),
         .vma = (uintptr_t)code,
         .code_addr = (uintptr_t)code,

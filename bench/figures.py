@@ -31,10 +31,10 @@ RESULTS = os.path.join(HERE, "results.json")
 
 # run_bench.py's ratio names kept in the results file, in this order.
 RATIOS = ("release on/off", "ours on/off", "3.12 on/off", "3.13 on/off",
-          "ext on/off", "ours off/stock", "release off/theirs",
-          "release on/theirs", "packaged off/theirs", "packaged on/theirs",
-          "release off/stock-release", "release on/stock-release",
-          "stock-release/theirs")
+          "ext on/off", "pep523 on/off", "ours off/stock",
+          "release off/theirs", "release on/theirs", "packaged off/theirs",
+          "packaged on/theirs", "release off/stock-release",
+          "release on/stock-release", "stock-release/theirs")
 SIDE_CONFIGS = {"-X perf": "perf", "-X perf_jit": "perf_jit"}
 # What the README's table cannot do without.
 NEEDED = ("ours on/off", "3.12 on/off", "3.13 on/off", "ours off/stock",
@@ -66,6 +66,9 @@ def collect(run, side, perf_off=None):
     code = run["workloads"].get("codeobjects", {})
     per_code = {g: round(v, 2) for g, v in
                 code.get("perf_cost_per_unit_us", {}).items()}
+    # Start-up through perftramp311's .pth: one workload, no column.
+    pth = (run["workloads"].get("startup", {}).get("ratios", {})
+           .get("ext .pth on/off", {}).get("min"))
     rows = side["rows"]
     off = rows["perf off"]["memory"]
     m = run["machine"]
@@ -78,6 +81,7 @@ def collect(run, side, perf_off=None):
                              if e["category"] == "call-heavy"),
         "ratios": ratios,
         "per_code_object_us": per_code,
+        **({"ext_pth_startup": round(pth, 3)} if pth else {}),
         "memory_per_code_object_bytes": {
             short: round(rows[name]["memory"] - off)
             for name, short in SIDE_CONFIGS.items()},
@@ -95,6 +99,12 @@ def r2(value):
     return "%.2f" % value if value is not None else ""
 
 
+def per_code(f, group, unit=" µs", missing=""):
+    """A group's cost per new code object, as the tables write it."""
+    v = f["per_code_object_us"].get(group)
+    return "+%.2f%s" % (v, unit) if v is not None else missing
+
+
 def readme_costs(f):
     ratios = f["ratios"]
     ours = "release on/off" if "release on/off" in ratios else "ours on/off"
@@ -108,10 +118,6 @@ def readme_costs(f):
         return "%s / %s" % (r2(ratios[off]["geomean"]),
                             r2(ratios[on]["geomean"]))
 
-    def us(group):
-        v = f["per_code_object_us"].get(group)
-        return "+%.2f µs" % v if v is not None else ""
-
     n_all = len(ratios[ours]["workloads"])
     n_calls = len(f["call_heavy"])
     n_theirs = len(ratios.get("release off/theirs", {}).get("workloads", {}))
@@ -124,8 +130,8 @@ def readme_costs(f):
         ["`-X perf` on/off, recursive calls (`fib`)"] + on_off("fib"),
         ["`-X perf` on/off, generators"] + on_off("generators"),
         ["`-X perf`, per new code object",
-         us("release" if ours.startswith("release") else "ours"),
-         us("3.12"), us("3.13")],
+         per_code(f, "release" if ours.startswith("release") else "ours"),
+         per_code(f, "3.12"), per_code(f, "3.13")],
         ["perf off / `-X perf`, against Debian's `python3.11` "
          "(%d in-process workloads)" % n_theirs,
          geomeans("release off/theirs", "release on/theirs"), "", ""],
@@ -158,23 +164,41 @@ def readme_costs(f):
 
 
 def readme_ext(f):
-    """perftramp311 on Debian's python3.11 beside upstream 3.12's -X perf."""
+    """perftramp311 on Debian's python3.11 beside an empty PEP 523 hook
+    there and upstream's -X perf (-X perf_jit for the jitdump)."""
     ratios = f["ratios"]
     if "ext on/off" not in ratios:
         return ["(No make bench run has measured it yet.)"]
-    names = ("ext on/off", "3.12 on/off")
+    names = [n for n in ("ext on/off", "pep523 on/off", "3.12 on/off")
+             if n in ratios]
 
     def cells(key):
         return [r2(ratios[n][key] if key.startswith("geo")
                    else ratios[n]["workloads"].get(key)) for n in names]
 
+    def row(label, ext, upstream):
+        return [label, ext] + [""] * (len(names) - 2) + [upstream]
+
+    def us(first, second):
+        return "%s / %s µs" % (per_code(f, first, "", "–"),
+                               per_code(f, second, "", "–"))
+
     rows = [["geomean of the %d call-heavy workloads" % len(f["call_heavy"])]
             + cells("geomean call-heavy"),
             ["recursive calls (`fib`)"] + cells("fib"),
-            ["generators"] + cells("generators"),
-            ["closures"] + cells("closures")]
-    out = ["%s, %s, %d runs:" % (f["date"], f["machine"], f["runs"]), "",
-           "| on/off | perftramp311 | upstream 3.12 |", "| --- | --- | --- |"]
+            ["generators"] + cells("generators")]
+    if "ext_pth_startup" in f:
+        rows.append(row("start-up through the `.pth`",
+                        r2(f["ext_pth_startup"]),
+                        r2(ratios["3.12 on/off"]["workloads"].get(
+                            "startup"))))
+    rows.append(row("new code object, jitdump / map (3.13's `-X perf_jit` "
+                    "/ 3.12's `-X perf`)", us("ext", "ext map"),
+                    us("3.13 perf_jit", "3.12")))
+    heads = {"ext on/off": "perftramp311", "pep523 on/off":
+             "empty PEP 523 hook", "3.12 on/off": "upstream 3.12"}
+    out = ["| on/off | %s |" % " | ".join(heads[n] for n in names),
+           "|---" * (1 + len(names)) + "|"]
     return out + ["| " + " | ".join(row) + " |" for row in rows]
 
 
@@ -192,14 +216,14 @@ def bench_ratios(f):
     for w in sorted(workloads):
         star = "\\*" if w in f["call_heavy"] else ""
         cells = ["%.3f" % ratios[n]["workloads"][w]
-                 if w in ratios[n]["workloads"] else "–" for n in names]
+                 if w in ratios[n]["workloads"] else "" for n in names]
         out.append("| `%s`%s | %s |" % (w, star, " | ".join(cells)))
     for key, title in (("geomean", "**geomean**"),
                        ("geomean call-heavy", "**geomean, call-heavy**")):
         out.append("| %s | %s |" % (title, " | ".join(
             "%.3f" % ratios[n][key] for n in names)))
     per = f["per_code_object_us"]
-    out += ["", "Per new code object, `-X perf` on − off: %s." % ", ".join(
+    out += ["", "Per new code object, on − off: %s." % ", ".join(
         "%s %+.2f µs" % (g, per[g]) for g in sorted(per))]
     return out
 

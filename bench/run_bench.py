@@ -58,7 +58,12 @@ Environment (or the matching command line options):
     BENCH_EXT       a stock python3.11 with perftramp311 installed, measured
                     with perf off and switched on by python -m perftramp311
                     (default build/ext/venv-debian/bin/python, Debian's
-                    python3.11 in make ext's venv, when built; empty: none)
+                    python3.11 in make ext's venv, when built; empty: none);
+                    also startup through its .pth (PYTHONPERFSUPPORT=1),
+                    codeobjects with its perf map backend, and the
+                    in-process workloads under an empty PEP 523 hook
+                    (bench/pep523_hook.c, built here for it): the floor
+                    under its costs
     BENCH_PACKAGED  the /usr/bin/python3.11 of make deb's packages, our
                     patch in Debian's own build (default
                     build/deb/root/usr/bin/python3.11, where tools/bench.sh
@@ -73,6 +78,7 @@ import math
 import os
 import platform
 import re
+import shlex
 import shutil
 import statistics
 import subprocess
@@ -115,12 +121,14 @@ def child_env():
     return env
 
 
-def run_python(argv, timeout):
-    """Run argv; return (returncode, stdout, stderr).  Removes the perf map
-    and jitdump of the child whatever happened."""
+def run_python(argv, timeout, env=None):
+    """Run argv (with `env` added to child_env()); return (returncode,
+    stdout, stderr).  Removes the perf map and jitdump of the child
+    whatever happened."""
     proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            env=child_env(), cwd=BENCH_DIR,
+                            env={**child_env(), **(env or {})},
+                            cwd=BENCH_DIR,
                             universal_newlines=True)
     try:
         out, err = proc.communicate(timeout=timeout)
@@ -139,17 +147,28 @@ class Config:
     """One interpreter with one set of options: a column of the results."""
 
     def __init__(self, key, group, python, perf, version,
-                 perf_args=("-X", "perf")):
+                 perf_args=("-X", "perf"), env=None, name=None, off=None,
+                 only=None, skip=()):
         self.key = key              # e.g. "ours-on", "3.12-off"
         self.group = group          # "stock", "ours", "3.12", ...
         self.python = python
         self.perf = perf
         self.version = version
         self.perf_args = list(perf_args)    # what switches perf on
+        self.env = env or {}        # added to child_env()
+        # With perf on: its ratio is "NAME on/off", against config `off`.
+        self.name = name or group
+        self.off = off or "%s-off" % group
+        self.only = only            # the workloads it runs (None: all),
+        self.skip = frozenset(skip)     # less these
 
     def argv(self, script):
         return ([self.python] + (self.perf_args if self.perf else [])
                 + [script])
+
+    def runs(self, workload):
+        return ((self.only is None or workload in self.only)
+                and workload not in self.skip)
 
 
 # A tree being rebuilt has a working ./python some time before its shared
@@ -180,9 +199,9 @@ def wait_until_runs(python, label, patient):
         time.sleep(5)
 
 
-def perf_works(python):
+def perf_works(python, option="perf"):
     code = "import sys; print(sys.is_stack_trampoline_active())"
-    rc, out, _ = run_python([python, "-X", "perf", "-c", code], 60)
+    rc, out, _ = run_python([python, "-X", option, "-c", code], 60)
     return rc == 0 and out.strip() == "True"
 
 
@@ -192,12 +211,54 @@ def perf_works(python):
 EXT_PERF_ARGS = ("-m", "perftramp311")
 
 
-def ext_works(python):
+# The variable the extension's .pth switches it on by, in every process
+# (the children's environment has no PYTHON* variable of its own).
+EXT_PTH_ENV = {"PYTHONPERFSUPPORT": "1"}
+
+
+def ext_works(python, args=EXT_PERF_ARGS, env=None):
     with tempfile.NamedTemporaryFile("w", suffix=".py") as probe:
         probe.write("import perftramp311; print(perftramp311.is_active())\n")
         probe.flush()
-        rc, out, _ = run_python([python, *EXT_PERF_ARGS, probe.name], 60)
+        rc, out, _ = run_python([python, *args, probe.name], 60, env)
     return rc == 0 and out.strip() == "True"
+
+
+# An empty PEP 523 hook (bench/pep523_hook.c: importing it installs it),
+# then the workload, run as a script would be.
+HOOK_MODULE = "pep523_hook"
+HOOK_ARGS = ("-c", "import runpy, sys, %s; del sys.argv[0]; "
+             "runpy.run_path(sys.argv[0], run_name='__main__')"
+             % HOOK_MODULE)
+SYSCONFIG_PROBE = (
+    "import json, sysconfig as s; print(json.dumps([s.get_config_var(n) or "
+    "'' for n in ('LDSHARED', 'CFLAGS', 'CCSHARED', 'EXT_SUFFIX')] + "
+    "[s.get_path('include'), s.get_path('platinclude')]))")
+
+
+def build_hook(python, directory):
+    """Build the hook module for `python` in `directory`, compiled and
+    linked as its own extension modules are (sysconfig); return whether
+    it imports."""
+    rc, out, err = run_python([python, "-c", SYSCONFIG_PROBE], 60)
+    if rc != 0:
+        log("bench: no PEP 523 hook: %s" % err.strip()[-300:])
+        return False
+    ldshared, cflags, ccshared, suffix, include, platinclude = \
+        json.loads(out)
+    argv = (shlex.split(ldshared) + shlex.split(cflags)
+            + shlex.split(ccshared)
+            + ["-I" + include, "-I" + platinclude,
+               os.path.join(BENCH_DIR, HOOK_MODULE + ".c"),
+               "-o", os.path.join(directory, HOOK_MODULE + suffix)])
+    proc = subprocess.run(argv, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, universal_newlines=True)
+    if proc.returncode != 0:
+        log("bench: no PEP 523 hook: %s" % proc.stdout.strip()[-500:])
+        return False
+    rc, out, err = run_python([python, "-c", "import " + HOOK_MODULE], 60,
+                              {"PYTHONPATH": directory})
+    return rc == 0
 
 
 def pyenv_upstream():
@@ -267,6 +328,26 @@ def make_configs(args):
         configs.append(Config("ext-off", "ext", args.ext, False, version))
         configs.append(Config("ext-on", "ext", args.ext, True, version,
                               EXT_PERF_ARGS))
+        # Start-up through the .pth, and new code objects in the perf map
+        # (beside upstream's -X perf): these workloads only.
+        if not ext_works(args.ext, (), EXT_PTH_ENV):
+            raise RuntimeError("%s with %s does not activate the "
+                               "trampolines" % (args.ext, EXT_PTH_ENV))
+        configs.append(Config("ext-pth", "ext", args.ext, True, version, (),
+                              env=EXT_PTH_ENV, name="ext .pth",
+                              only={"startup"}))
+        map_args = EXT_PERF_ARGS + ("--backend", "perf")
+        if not ext_works(args.ext, map_args):
+            raise RuntimeError("%s %s does not activate the trampolines"
+                               % (args.ext, " ".join(map_args)))
+        configs.append(Config("ext-map", "ext", args.ext, True, version,
+                              map_args, name="ext map",
+                              only={"codeobjects"}))
+        if build_hook(args.ext, args.scratch):
+            configs.append(Config("pep523-on", "pep523", args.ext, True,
+                                  version, HOOK_ARGS,
+                                  env={"PYTHONPATH": args.scratch},
+                                  off="ext-off", skip=PER_PROCESS))
     if args.release_nofp:
         version = wait_until_runs(args.release_nofp, "release-nofp",
                                   patient=True)
@@ -292,6 +373,12 @@ def make_configs(args):
         else:
             log("bench: %s has no working -X perf; measuring it off only"
                 % python)
+        # The jitdump (3.13 and later), beside the extension's.
+        if perf_works(python, "perf_jit"):
+            configs.append(Config(group + "-jit", group, python, True,
+                                  version, ("-X", "perf_jit"),
+                                  name=group + " perf_jit",
+                                  only={"codeobjects"}))
     return configs
 
 
@@ -345,7 +432,8 @@ def run_once(config, workload):
     retries = 2 if config.group == "ours" else 0
     while True:
         try:
-            rc, out, err = run_python(config.argv(script), RUN_TIMEOUT)
+            rc, out, err = run_python(config.argv(script), RUN_TIMEOUT,
+                                      config.env)
         except OSError as exc:          # e.g. the binary is being relinked
             rc, out, err = -1, "", str(exc)
         if rc == 0:
@@ -457,7 +545,7 @@ def summarize(configs, workloads, samples, units, unit_samples):
         add("release on/stock-release", "release-on", "stock-release")
         for c in configs:
             if c.group not in ("stock", "ours") and c.perf:
-                add("%s on/off" % c.group, c.key, "%s-off" % c.group)
+                add("%s on/off" % c.name, c.key, c.off)
         if units.get(w):
             n, unit = units[w]
             per_unit = {k: min(v.values()) / n * 1e6
@@ -465,9 +553,8 @@ def summarize(configs, workloads, samples, units, unit_samples):
             entry["per_unit_us"] = per_unit
             deltas = {}
             for c in configs:
-                off = "%s-off" % c.group
-                if c.perf and c.key in per_unit and off in per_unit:
-                    deltas[c.group] = per_unit[c.key] - per_unit[off]
+                if c.perf and c.key in per_unit and c.off in per_unit:
+                    deltas[c.name] = per_unit[c.key] - per_unit[c.off]
             entry["perf_cost_per_unit_us"] = deltas
         results[w] = entry
 
@@ -510,7 +597,7 @@ def print_tables(configs, workloads, results, geo, runs, metric):
         for c in configs:
             e = results[w]["configs"].get(c.key)
             cell = ("%s / %s" % (fmt_time(e["min"]), fmt_time(e["median"]))
-                    if e else "failed")
+                    if e else "failed" if c.runs(w) else "-")
             line += " %16s" % cell
         out.append(line)
 
@@ -572,6 +659,7 @@ def markdown_report(doc):
     results = doc["workloads"]
     geo = doc["geomeans"]
     keys = [c["key"] for c in configs]
+    failed = {(e["workload"], e["config"]) for e in doc["errors"]}
     names = sorted(geo, key=ratio_order)
     m = doc["machine"]
     out = ["%s: %d runs, metric `%s`, %s CPUs (%s), load average %s at the "
@@ -613,7 +701,8 @@ def markdown_report(doc):
         out.append("| " + " | ".join([label(w, e)] + [
             "%s (%s)" % (fmt_time(e["configs"][k]["min"]),
                          fmt_time(e["configs"][k]["median"]))
-            if k in e["configs"] else "failed" for k in keys]) + " |")
+            if k in e["configs"] else "failed" if (w, k) in failed else "–"
+            for k in keys]) + " |")
     out.append("")
     for w, e in results.items():
         if "per_unit_us" not in e:
@@ -717,6 +806,12 @@ def main():
         with open(args.markdown) as f:
             print(markdown_report(json.load(f)))
         return 0
+    # What is built for the run (the PEP 523 hook) goes when it ends.
+    with tempfile.TemporaryDirectory(prefix="bench-") as args.scratch:
+        return run(args)
+
+
+def run(args):
     workloads = find_workloads(args.filters)
     if not workloads:
         sys.exit("bench: no workload matches BENCH_FILTER=%r" % args.filter)
@@ -751,6 +846,8 @@ def main():
             order = configs[shift:] + configs[:shift]
             cells = {}
             for c in order:
+                if not c.runs(w):
+                    continue
                 check_unchanged(c.python, identities, warnings)
                 try:
                     result = run_once(c, w)
@@ -774,7 +871,7 @@ def main():
                 % (rep + 1, args.runs, 100 * step // total_steps,
                    eta // 60, eta % 60, w,
                    "  ".join("%s %s" % (c.key, cells[c.key])
-                             for c in configs)))
+                             for c in configs if c.key in cells)))
 
     summaries = {m: summarize(configs, workloads, samples[m], units,
                               unit_samples[m])

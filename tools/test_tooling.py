@@ -1008,10 +1008,8 @@ class FiguresTests(unittest.TestCase):
         self.assertEqual([os.path.relpath(p, ROOT) for p, _ in stale], [],
                          "run: python3 bench/figures.py update")
 
-    def test_collect_keeps_what_the_documents_quote(self):
-        # A make bench run holding the file's own figures collects to the
-        # same file.
-        want = self.figures.load()
+    def assert_collects_to(self, want):
+        # A make bench run holding these figures collects to them.
         workloads = {}
         for name, r in want["ratios"].items():
             for w, value in r["workloads"].items():
@@ -1021,6 +1019,9 @@ class FiguresTests(unittest.TestCase):
                 entry["ratios"][name] = {"min": value, "paired": value}
         workloads["codeobjects"]["perf_cost_per_unit_us"] = \
             want["per_code_object_us"]
+        if "ext_pth_startup" in want:
+            workloads["startup"]["ratios"]["ext .pth on/off"] = {
+                "min": want["ext_pth_startup"]}
         run = {"date": want["date"] + "T01:02:03", "runs": want["runs"],
                "metric": want["metric"], "errors": [],
                "machine": {"cpus": 2, "cpu": "AMD EPYC"},
@@ -1039,6 +1040,29 @@ class FiguresTests(unittest.TestCase):
                          for name, r in want["fork"].items()}}
         self.assertEqual(self.figures.collect(run, side,
                                               want["perf_off"]), want)
+
+    def test_collect_keeps_what_the_documents_quote(self):
+        self.assert_collects_to(self.figures.load())
+
+    def test_extension_figures_reach_the_readme(self):
+        # perftramp311's start-up through its .pth, its map and its
+        # jitdump beside upstream's, and the empty PEP 523 hook.
+        want = self.figures.load()
+        ext = want["ratios"]["ext on/off"]
+        want["ratios"]["pep523 on/off"] = dict(ext, workloads={
+            w: 1.111 for w in ext["workloads"] if w != "startup"})
+        want["per_code_object_us"].update(
+            {"ext": 0.91, "ext map": 0.33, "3.13 perf_jit": 1.04})
+        want["ext_pth_startup"] = 1.077
+        self.assert_collects_to(want)
+        table = "\n".join(self.figures.readme_ext(want))
+        for row in ("| recursive calls (`fib`) | %.2f | 1.11 | %.2f |"
+                    % (ext["workloads"]["fib"],
+                       want["ratios"]["3.12 on/off"]["workloads"]["fib"]),
+                    "through the `.pth` | 1.08 |  |",
+                    "`-X perf`) | +0.91 / +0.33 µs |  | +1.04 / +%.2f µs |"
+                    % want["per_code_object_us"]["3.12"]):
+            self.assertIn(row, table)
 
     def test_a_changed_figure_is_found(self):
         figures = self.figures.load()

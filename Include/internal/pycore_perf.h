@@ -229,14 +229,39 @@ _PyPerf_IsControl(unsigned char ch)
 }
 
 /* How many of the `size` bytes at `s` are such bytes.  Almost every name
-   has none; with no early exit the compiler vectorizes the count, which
-   is what a new trampoline mostly spends on its name. */
+   has none, and looking is most of what a new trampoline spends on its
+   name: so eight bytes at a time, whatever the compiler vectorizes (the
+   extension is built with its interpreter's -O2, which does not), and the
+   bytes of a word one by one only if it has one.  The last word ends at
+   the last byte, overlapping the one before it. */
 static inline size_t
 _PyPerf_CountControls(const unsigned char *s, size_t size)
 {
+    const uint64_t ones = 0x0101010101010101u;
+    const uint64_t high = 0x8080808080808080u;
     size_t n = 0;
-    for (size_t i = 0; i < size; i++) {
-        n += _PyPerf_IsControl(s[i]);
+    if (size < 8) {
+        for (size_t i = 0; i < size; i++) {
+            n += _PyPerf_IsControl(s[i]);
+        }
+        return n;
+    }
+    for (size_t i = 0; i < size; i += 8) {
+        uint64_t w;
+        memcpy(&w, s + Py_MIN(i, size - 8), 8);
+        /* Each byte's high bit set before subtracting, so that nothing
+           borrows across bytes: a result's high bit is then clear only
+           where the byte's low seven bits are below 0x20 (or, XORed with
+           0x7f, zero), and ~w keeps the bytes below 0x80. */
+        uint64_t x = w ^ (0x7f * ones);
+        uint64_t below = ~((w | high) - 0x20 * ones) & ~w;
+        uint64_t del = ~((x | high) - ones) & ~x;
+        if (((below | del) & high) == 0) {
+            continue;
+        }
+        for (size_t j = i; j < Py_MIN(i + 8, size); j++) {
+            n += _PyPerf_IsControl(s[j]);
+        }
     }
     return n;
 }

@@ -448,6 +448,37 @@ class JitdumpTests(UnwindCheck, JitTestCase):
         self.assertTrue(all(isinstance(r, Unwinding)
                             for r in child_records[0::2]))
 
+    def test_fork_by_c_in_a_thread(self):
+        # C's fork() from a thread, without PyOS_AfterFork_Child(): the
+        # child keeps the parent's dump, and its records carry its own pid
+        # and its one thread's tid, not what the forking thread had asked.
+        source = script("""\
+            import ctypes
+            print(os.getpid(), flush=True)
+            def in_thread():
+                middle(3)
+                child = ctypes.pythonapi.fork()  # holds the GIL
+                if child == 0:
+                    def in_c_child():
+                        pass
+                    in_c_child()
+                    os._exit(0)
+                print(child, threading.get_native_id(), os.waitpid(child, 0)[1])
+            thread = threading.Thread(target=in_thread)
+            thread.start()
+            thread.join()
+        """)
+        pid, lines = self.run_nofp(source, "-X", "perf_jit")
+        child, thread_tid, status = map(int, lines[0].split())
+        self.assertEqual(status, 0)
+        path = os.path.join(self.tmpdir, "script.py")
+        by_name = {r.name: r for r in self.script_loads(
+            read_jitdump(pid)[1], path)}
+        made = by_name[f"py::in_thread.<locals>.in_c_child:{path}"]
+        self.assertEqual((made.pid, made.tid), (child, child))
+        leaf = by_name[f"py::leaf:{path}"]
+        self.assertEqual((leaf.pid, leaf.tid), (pid, thread_tid))
+
     def test_fork_copy_off(self):
         # The child's dump starts empty and holds new trampolines for what
         # it calls; the parent's records are not copied.

@@ -165,11 +165,15 @@ class MapFormatTests(PerfTestCase):
             g = type(f)(f.__code__.replace(co_qualname="a\\nb\\tc"), {})
             h = type(f)(f.__code__.replace(co_qualname="s\\udc80t\\u00e9"),
                         {})
-            g(); h()
+            # Longer than a word, one in each of three (the last overlaps).
+            i = type(f)(f.__code__.replace(
+                co_qualname="abcdefg\\x1fhijklmn\\x7fop\\x01"), {})
+            g(); h(); i()
             """, python_args=["-X", "perf"])
         names = result.script_names()
         self.assertIn("a\\x0ab\\x09c", names)
         self.assertIn("s\\udc80t\u00e9", names)
+        self.assertIn("abcdefg\\x1fhijklmn\\x7fop\\x01", names)
 
     def test_long_names_capped(self):
         result = self.run_script("""\
