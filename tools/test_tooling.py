@@ -1022,9 +1022,11 @@ class FiguresTests(unittest.TestCase):
         if "ext_pth_startup" in want:
             workloads["startup"]["ratios"]["ext .pth on/off"] = {
                 "min": want["ext_pth_startup"]}
+        cpus, _, cpu = want["machine"].removesuffix(")").partition(
+            " vCPUs (")
         run = {"date": want["date"] + "T01:02:03", "runs": want["runs"],
                "metric": want["metric"], "errors": [],
-               "machine": {"cpus": 2, "cpu": "AMD EPYC"},
+               "machine": {"cpus": int(cpus), "cpu": cpu},
                "workloads": workloads,
                "geomeans": {name: {"all": {"min": r["geomean"]},
                                    "call-heavy":
