@@ -9,7 +9,7 @@ first, so it needs no setuptools or wheel, and works offline:
     build_sdist()   writes a standalone source tree, as a .tar.gz
 
 The C is the patch's own (Python/perf_*.c, Python/asm_trampoline.S,
-Include/internal/pycore_perf.h); only perftramp311/_core.c is the
+Include/internal/pycore_perf.h); only _perftramp311.c is the
 extension's.  The operators' tools (Lib/perf_trampoline) are installed
 beside it, with the flame graph template their reports fill in.  All are
 taken from the repository around this directory or, in an unpacked
@@ -64,13 +64,16 @@ PTH = f"{NAME}.pth"
 # this module and what is staged.
 PACKAGE = sorted(f"{NAME}/{name}" for name in os.listdir(
     os.path.join(HERE, NAME)) if name.endswith(".py"))
-EXT_SOURCES = [f"{NAME}/_core.c", f"{NAME}/exports.map"]
+# The C module is top-level, beside the package: the .pth imports it
+# alone, without the package, to switch on at start-up.
+MODULE = f"_{NAME}"
+EXT_SOURCES = [f"{MODULE}.c", f"{MODULE}.map"]
 SDIST_FILES = (["pyproject.toml", os.path.basename(__file__), PTH,
                 "tests/test_perftramp311.py"] + PACKAGE + EXT_SOURCES)
 
 DEFINES = ["Py_BUILD_CORE_MODULE", "PY_PERF_EXTENSION",
            "PY_HAVE_PERF_TRAMPOLINE", "PY_HAVE_PERF_JIT_TRAMPOLINE"]
-# Hidden symbols, and a version script exporting only PyInit__core: the
+# Hidden symbols, and a version script exporting only its PyInit: the
 # shared files' internal names stay inside the .so.
 COMPILE_FLAGS = ["-fvisibility=hidden", "-std=gnu11"]
 SUMMARY = "Linux perf support (perf map, jitdump) for stock CPython 3.11.x"
@@ -196,14 +199,14 @@ def _compile(sources, tmp):
                     + ["-I" + path for path in includes])
     objects = []
     c_files = [os.path.join(shared, name) for name in SHARED_C]
-    c_files.append(os.path.join(HERE, "perftramp311", "_core.c"))
+    c_files.append(os.path.join(HERE, EXT_SOURCES[0]))
     for path in c_files:
         obj = os.path.join(tmp, os.path.basename(path) + ".o")
         _run(compile_args + ["-c", path, "-o", obj])
         objects.append(obj)
-    module = os.path.join(tmp, "_core" + sysconfig.get_config_var(
+    module = os.path.join(tmp, MODULE + sysconfig.get_config_var(
         "EXT_SUFFIX"))
-    exports = os.path.join(HERE, "perftramp311", "exports.map")
+    exports = os.path.join(HERE, EXT_SOURCES[1])
     _run(_config("LDSHARED", ["LDFLAGS"]) + objects
          + ["-Wl,--version-script=" + exports, "-o", module])
     return module
@@ -235,7 +238,7 @@ def _dist_info(tag):
             "WHEEL": (f"Wheel-Version: 1.0\nGenerator: "
                       f"{NAME}_build\nRoot-Is-Purelib: false\n"
                       f"Tag: {tag}\n"),
-            "top_level.txt": f"{NAME}\n{TOOLS}\n"}
+            "top_level.txt": f"{MODULE}\n{NAME}\n{TOOLS}\n"}
 
 
 def _write_wheel(path, files, dist_info):
@@ -290,8 +293,7 @@ def build_wheel(wheel_directory, config_settings=None,
     dist_info = f"{NAME}-{_version()}.dist-info"
     with tempfile.TemporaryDirectory(prefix=f"{NAME}-build-") as tmp:
         module = _compile(sources, tmp)
-        files = [(f"{NAME}/{os.path.basename(module)}", _read(module),
-                  0o755)]
+        files = [(os.path.basename(module), _read(module), 0o755)]
     files += [(name, _read(os.path.join(HERE, name)), 0o644)
               for name in PACKAGE + [PTH]]
     files += [(name, _read(path), 0o644)

@@ -516,7 +516,7 @@ class ExtInstallTests(ProbeMixin, ScratchTestCase):
         info = "-".join(wheel.split("-")[:2]) + ".dist-info"
         tools = os.path.join(ROOT, "Lib", "perf_trampoline")
         expected = {"perftramp311.pth", "perftramp311/__init__.py",
-                    "perftramp311/__main__.py", f"perftramp311/_core{suffix}",
+                    "perftramp311/__main__.py", f"_perftramp311{suffix}",
                     *(f"perf_trampoline/{name}" for name in os.listdir(tools)
                       if name.endswith(".py")),
                     # What its reports fill in.
@@ -578,7 +578,7 @@ class ExtInstallTests(ProbeMixin, ScratchTestCase):
         for staged in ("shared/perf_trampoline.c", "shared/asm_trampoline.S",
                        "shared/pycore_perf.h", "perf_trampoline/_record.py",
                        "perf_trampoline/d3-flamegraph-base.html",
-                       "perftramp311/_core.c", "PKG-INFO"):
+                       "_perftramp311.c", "PKG-INFO"):
             self.assertIn(staged, names)
         venv = self.venv(python, "from-sdist")
         proc = self.pip(venv, "install", sdist)

@@ -23,7 +23,6 @@ trampolines built in, the built-in feature stays in charge and reads
 them itself.
 """
 
-import os
 import sys
 
 __all__ = ["activate", "deactivate", "is_active", "status", "REFUSED"]
@@ -35,7 +34,6 @@ REFUSED = None
 #: This interpreter has perf trampolines of its own.
 BUILT_IN = hasattr(sys, "activate_stack_trampoline")
 _ext = None         # the extension module, once loaded and checked
-_environment_read = False
 
 if sys.version_info[:2] != (3, 11) or sys.implementation.name != "cpython":
     REFUSED = ("perftramp311: needs CPython 3.11, this is %s %d.%d.%d"
@@ -44,16 +42,12 @@ elif not sys.platform.startswith("linux"):
     REFUSED = "perftramp311: perf trampolines exist on Linux only"
 elif not BUILT_IN:
     try:
-        from . import _core
+        import _perftramp311 as _core
     except ImportError as exc:
         REFUSED = "perftramp311: cannot load its extension module: %s" % exc
     else:
-        _differs = _core.check(lambda: None)
-        if _differs is not None:
-            REFUSED = ("perftramp311: built for other CPython 3.11 "
-                       "internals than this one's (%s differs); rebuild it "
-                       "for this interpreter" % _differs)
-        else:
+        REFUSED = _core.refusal()
+        if REFUSED is None:
             _ext = _core
 
 
@@ -114,59 +108,3 @@ def status():
     elif other is not None:
         text += "; frame evaluator: %s" % other
     return text
-
-
-# The variables of the table above, in the order the interpreter reads
-# them: the last one on decides.
-SWITCHES = ("PYTHONPERFSUPPORT", "PYTHON_PERF_JIT_SUPPORT")
-
-
-def _switched_on(name):
-    """Whether the variable `name` is on, as the interpreter reads it: a
-    nonzero integer; empty or unset is off, anything else off with a
-    warning."""
-    value = os.environ.get(name, "")
-    if not value:
-        return False
-    try:
-        # int() would take what the interpreter does not: "1 ", "1_0".
-        if value != value.rstrip() or "_" in value:
-            raise ValueError
-        return int(value) != 0
-    except ValueError:
-        print("perftramp311: %s is not an integer; taken as 0" % name,
-              file=sys.stderr)
-        return False
-
-
-def backend_from_environment():
-    """The backend the variables switch on here (the table in this
-    module's help), or None."""
-    if BUILT_IN or sys.flags.ignore_environment:
-        return None     # the interpreter reads them itself, or not at all
-    on = [name for name in SWITCHES if _switched_on(name)]
-    return "perf_jit" if on else None
-
-
-def _from_environment():
-    """The .pth hook: a failure is one line, never a stopped program.
-    In a venv site reads the .pth twice (site.venv() and site.main()
-    each add its site-packages): once is enough."""
-    global _environment_read
-    if _environment_read:
-        return
-    _environment_read = True
-    backend = backend_from_environment()
-    if backend is None:
-        return
-    try:
-        activate(backend)
-    except Exception as exc:
-        print(exc if isinstance(exc, RefusedError) else
-              "perftramp311: not switched on: %s" % exc, file=sys.stderr)
-
-
-if _ext is not None:
-    # A forked child has a pid of its own: it starts its own files,
-    # holding the trampolines it inherited.
-    os.register_at_fork(after_in_child=_ext.after_fork_child)

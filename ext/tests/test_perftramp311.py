@@ -326,7 +326,12 @@ class TestStockInterpreter(FilesMixin, unittest.TestCase):
                  "taken as 0\n"),
                 ({"PYTHON_PERF_JIT_SUPPORT": "1 "}, "inactive",
                  "perftramp311: PYTHON_PERF_JIT_SUPPORT is not an integer; "
-                 "taken as 0\n")):
+                 "taken as 0\n"),
+                # Beyond a C int, as the interpreter's own reading.
+                ({"PYTHONPERFSUPPORT": "4294967296"}, "inactive",
+                 "perftramp311: PYTHONPERFSUPPORT is not an integer; "
+                 "taken as 0\n"),
+                ({"PYTHONPERFSUPPORT": " -1"}, "active (perf_jit)", "")):
             with self.subTest(variables=variables):
                 proc = run(["-c", code], env=environment(**variables))
                 self.assertEqual(proc.returncode, 0, proc.stderr)
@@ -340,6 +345,19 @@ class TestStockInterpreter(FilesMixin, unittest.TestCase):
         proc = run(["-E", "-c", code],
                    env=environment(PYTHON_PERF_JIT_SUPPORT="1"))
         self.assertEqual(proc.stdout.split(" ", 1)[1], "inactive\n")
+
+    def test_environment_switches_on_without_the_package(self):
+        # The .pth imports the C module alone (start-up cost); the
+        # package, imported later, sees what it switched on.
+        code = ("import os, sys; print(os.getpid(), 'perftramp311' in "
+                "sys.modules, flush=True); import perftramp311; "
+                "print(perftramp311.status())")
+        proc = run(["-c", code], env=environment(PYTHONPERFSUPPORT="1"))
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        self.assertEqual(proc.stderr, "")
+        pid, imported, status = proc.stdout.split(None, 2)
+        self.assertEqual((imported, status), ("False", "active (perf_jit)\n"))
+        self.assertIn("py::<module>:<string>", jitdump_names(int(pid)))
 
     def test_runner_script_and_module(self):
         with tempfile.TemporaryDirectory() as tmp:
