@@ -116,13 +116,54 @@ def profiler_files():
                + glob.glob("/tmp/jitted-*-*.so"))
 
 
+# The real /tmp (a descriptor) and the directory in it that is this
+# process's /tmp, or None (setUpModule).
+_real_tmp = _private_tmp = None
+
+
+def setUpModule():
+    """Give this process and its children a /tmp of their own: a mount
+    namespace (root only) with a fresh directory bound on /tmp.  The
+    profiler files new in it are then the tests' processes' alone, and
+    FilesMixin removes them whatever else runs on the machine."""
+    global _real_tmp, _private_tmp
+    import ctypes
+    libc = ctypes.CDLL(None, use_errno=True)
+    clone_newns, ms_bind, ms_rec, ms_private = 0x20000, 0x1000, 0x4000, 1 << 18
+    real_tmp = os.open("/tmp", os.O_RDONLY | os.O_DIRECTORY)
+    private = tempfile.mkdtemp(prefix="test_perftramp311-", dir="/tmp")
+    os.chmod(private, 0o1777)   # as /tmp
+    if (libc.unshare(clone_newns) != 0
+            or libc.mount(b"none", b"/", None, ms_rec | ms_private,
+                          None) != 0
+            or libc.mount(private.encode(), b"/tmp", None, ms_bind,
+                          None) != 0):
+        error = os.strerror(ctypes.get_errno())
+        os.rmdir(private)
+        os.close(real_tmp)
+        print(f"test_perftramp311: no /tmp of its own ({error}): the "
+              f"profiler files of its processes stay in /tmp",
+              file=sys.stderr)
+        return
+    _real_tmp, _private_tmp = real_tmp, os.path.basename(private)
+
+
+def tearDownModule():
+    if _private_tmp is not None:
+        shutil.rmtree(_private_tmp, dir_fd=_real_tmp)
+        os.close(_real_tmp)
+
+
 class FilesMixin:
-    """Remove the profiler files of the processes the test started."""
+    """Remove the profiler files of the processes the test started (where
+    this process has a /tmp of its own: setUpModule)."""
 
     def setUp(self):
         self.before = profiler_files()
 
     def tearDown(self):
+        if _private_tmp is None:
+            return
         for path in profiler_files() - self.before:
             try:
                 os.unlink(path)
