@@ -138,7 +138,8 @@ check_layouts(PyObject *func)
 /* The one-line refusal if this build's layouts are not the running
    interpreter's, else NULL.  Checked once, with a function of its own:
    PyCode_NewEmpty's code raises AssertionError, and the probe only needs
-   it entered.  NULL with an exception if the check could not run. */
+   it entered.  If the check could not run: NULL, *error set and an
+   exception. */
 static const char *
 refusal(int *error)
 {
