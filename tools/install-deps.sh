@@ -62,8 +62,10 @@ test) PACKAGES+=("${CROSS_PACKAGES[@]}" "${EXT_PACKAGES[@]}"
                  # under -X perf
                  python3-numpy python3-lxml python3-yaml python3-greenlet
                  python3-gevent
-                 # test_oracle: a real pre-fork server
-                 python3-gunicorn
+                 # test_oracle: a real pre-fork server; the names of
+                 # libc's internal functions, where a frame-pointer walk
+                 # stops (libc keeps no frame pointers)
+                 python3-gunicorn libc6-dbg
                  # test_reports opens the flame graphs in a headless browser
                  chromium) ;;
 bench) PACKAGES+=(hyperfine) ;;

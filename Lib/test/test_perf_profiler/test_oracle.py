@@ -206,7 +206,8 @@ def check(samples, records, route):
         elif shape in DEEP and named_past_room(seen, chain):
             result.unnamed += 1
         else:
-            result.mismatches[describe(chain, seen)] += 1
+            result.mismatches[describe(chain, seen) + (
+                "" if seen else f"\n    walk: {list(sample.frames)}")] += 1
     return results
 
 
@@ -287,8 +288,9 @@ class OracleRun:
 def add_shape_tests(cls):
     """A test per shape in cls.TESTED (default: cls.SHAPES)."""
     for shape in getattr(cls, "TESTED", cls.SHAPES):
-        setattr(cls, f"test_{shape}",
-                lambda self, shape=shape: self.check_shape(shape))
+        def test(self, shape=shape):
+            self.check_shape(shape)
+        setattr(cls, f"test_{shape}", test)
     return cls
 
 
