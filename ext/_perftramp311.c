@@ -112,13 +112,11 @@ check_layouts(PyObject *func)
         return "PyCodeObject.co_qualname/co_filename";
     }
     /* co_extra with the core's lookup: an index of our own (the core
-       takes its own when activated; a process has 255). */
-    static Py_ssize_t index = -1;
+       takes its own when activated; a process has 255, and this runs
+       once: refusal()). */
+    Py_ssize_t index = _PyEval_RequestCodeExtraIndex(NULL);
     if (index < 0) {
-        index = _PyEval_RequestCodeExtraIndex(NULL);
-        if (index < 0) {
-            return "a code object extra index (none is left)";
-        }
+        return "a code object extra index (none is left)";
     }
     if (_PyCode_SetExtra((PyObject *)co, index, (void *)co) < 0) {
         PyErr_Clear();
